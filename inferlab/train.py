@@ -99,7 +99,7 @@ class TrainConfig:
     eval_tokens: int = 65536
     seed: int = 0
 
-# Sized for two CPU cores: about 40, 8 and 20 minutes (4,096 tokens a step).
+# Sized for two CPU cores: about 38, 8 and 18 minutes (4,096 tokens a step).
 TRAINING = {"tiny-dense": TrainConfig(batch_size=8, steps=1500, lr=2.5e-3, warmup=50, eval_every=100, eval_tokens=32768),
             "tiny-draft": TrainConfig(batch_size=8, steps=1200, lr=3e-3, warmup=50, eval_every=100, eval_tokens=32768),
             "tiny-moe": TrainConfig(batch_size=8, steps=1200, lr=2.5e-3, warmup=50, eval_every=100, eval_tokens=32768)}
