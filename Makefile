@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 # The local CPU wheel here; on a GPU machine: make TORCH_SPEC=torch ...
 TORCH_SPEC ?= torch==2.13.0
-PROMPT ?= def fibonacci(n):
+# The prompt of `make run`; \n and other escapes are expanded (printf %b).
+PROMPT ?= import os\n\ndef list_files(path):
 
 .PHONY: run test docs wheel-check install install-dev install-docs export check-export clean
 
@@ -26,7 +27,7 @@ install-docs: install-dev
 
 ## run: the main job on the shipped tiny-dense model
 run: install
-	$(BIN)/inferlab generate "$(PROMPT)" --max-tokens 96 --temperature 0.8 --top-p 0.95 --seed 0
+	$(BIN)/inferlab generate "$$(printf '%b' '$(PROMPT)')" --max-tokens 96 --temperature 0.7 --top-p 0.95 --seed 0
 
 export: install-dev
 	$(BIN)/nbdev-export
@@ -50,7 +51,7 @@ wheel-check: install-dev
 	tmp=$$(mktemp -d) && wheel=$$(ls $(CURDIR)/dist/*.whl) && $(PYTHON) -m venv $$tmp/venv && \
 	$$tmp/venv/bin/python -m pip -q --disable-pip-version-check install "$(TORCH_SPEC)" "$$wheel" && \
 	cd $$tmp && $$tmp/venv/bin/inferlab --help && \
-	$$tmp/venv/bin/inferlab generate "$(PROMPT)" --max-tokens 48 --seed 0 && rm -rf $$tmp
+	$$tmp/venv/bin/inferlab generate "$$(printf '%b' '$(PROMPT)')" --max-tokens 48 --seed 0 && rm -rf $$tmp
 
 clean:
 	rm -rf _proc _docs _site build dist *.egg-info
