@@ -18,8 +18,12 @@ def _generate(args) -> int:
     from inferlab.tokenizer import load_tokenizer
     from inferlab.sampling import SamplingParams
     from inferlab.generate import generate_one
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            max_tokens=args.max_tokens, stop=args.stop or [])
+    from inferlab.tokenizer import load_generation_config
+    gen_cfg = load_generation_config(args.model)      # the checkpoint author's defaults, when it ships them
+    def pick(flag, key, default): return flag if flag is not None else gen_cfg.get(key, default)
+    params = SamplingParams(temperature=pick(args.temperature, "temperature", 0.8), top_p=pick(args.top_p, "top_p", 0.95),
+                            top_k=pick(args.top_k, "top_k", -1), seed=args.seed, max_tokens=args.max_tokens,
+                            stop=args.stop or [])
     t0 = time.perf_counter()
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device), load_tokenizer(args.model)
     load_s = time.perf_counter() - t0
@@ -41,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the text to continue")
     g.add_argument("--model", default=None, help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
     g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: generation_config.json, else 0.8)")
+    g.add_argument("--top-p", type=float, default=None, help="default: generation_config.json, else 0.95")
+    g.add_argument("--top-k", type=int, default=None, help="default: generation_config.json, else all tokens")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
