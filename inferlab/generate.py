@@ -80,7 +80,8 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int], params: 
     # when decoding from mid-sequence then still see the context.
     all_ids, po, ro = list(prompt_ids), max(0, len(prompt_ids) - 5), len(prompt_ids)
     for step in range(budget):
-        logits = model(x, kv_cache=cache)[0, -1]                         # [vocab]
+        h = model.hidden_states(x, kv_cache=cache)[0, -1]                # [hidden]: only the last position is sampled
+        logits = model.lm_head(h)                                         # [vocab]
         t = sample(logits, params, gen)
         if step == 0: out.ttft_s = time.perf_counter() - t0
         out.token_ids.append(t); all_ids.append(t)
@@ -115,7 +116,8 @@ def time_decode_steps(model, prompt_ids: list[int], n: int, use_cache: bool) -> 
     x = torch.tensor([seq], device=model.device)
     for _ in range(n):
         t0 = time.perf_counter()
-        logits = model(x, kv_cache=cache)[0, -1] if use_cache else model(torch.tensor([seq], device=model.device))[0, -1]
+        inp, c = (x, cache) if use_cache else (torch.tensor([seq], device=model.device), None)
+        logits = model.lm_head(model.hidden_states(inp, kv_cache=c)[0, -1])
         t = int(logits.argmax()); seq.append(t); x = torch.tensor([[t]], device=model.device)
         times.append(time.perf_counter() - t0)
     return times
