@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 # The local CPU wheel here; on a GPU machine: make TORCH_SPEC=torch ...
 TORCH_SPEC ?= torch==2.13.0
-# The prompt of `make run`; \n and other escapes are expanded (printf %b).
+# The prompts of `make run` share a header, so later requests reuse its KV blocks (prefix cache); \n is expanded.
+HEADER ?= \# Small helpers for files, paths and text, kept in one module for reuse.\nimport os\nimport re\nimport sys\nimport json\nimport shutil\n\n
 PROMPT ?= import os\n\ndef list_files(path):
 
-.PHONY: run test docs wheel-check install install-dev install-docs export check-export clean
+.PHONY: run test bench gpu-check docs wheel-check install install-dev install-docs export check-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,15 +20,30 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,triton]"   # triton: the kernels' tests run in its interpreter on CPU
 
 install-docs: install-dev
 	$(PIP) install -e ".[docs]"
 	$(PIP) install --no-deps "jupyter-server-mathjax>=0.2"   # MathJax files only, so pages render maths offline
 
-## run: the main job on the shipped tiny-dense model
+## run: the engine on a batch of prompts with the shipped tiny-dense model: text, throughput, prefix-cache hits
 run: install
-	$(BIN)/inferlab generate "$$(printf '%b' '$(PROMPT)')" --max-tokens 96 --temperature 0.7 --top-p 0.95 --seed 0
+	$(BIN)/inferlab generate --max-tokens 64 --temperature 0.7 --top-p 0.95 --seed 0 --max-num-seqs 4 \
+	  "$$(printf '%b' '$(HEADER)def list_files(path):')" "$$(printf '%b' '$(HEADER)def read_text(path):')" \
+	  "$$(printf '%b' '$(HEADER)def count_words(text):')" "$$(printf '%b' '$(HEADER)def is_python_file(name):')" \
+	  "$$(printf '%b' '$(HEADER)def strip_comments(line):')" "$$(printf '%b' '$(HEADER)def join_paths(*parts):')" \
+	  "$$(printf '%b' '$(HEADER)def main(argv):')" "$$(printf '%b' '$(HEADER)class Config:')"
+
+## bench: inferlab vs HF transformers in one process (throughput, batch-1 decode, TTFT with a shared prefix, MBU)
+bench: install-dev
+	$(BIN)/inferlab bench
+
+## gpu-check: on a CUDA machine, every Triton kernel against its torch reference, with timings (< 5 minutes)
+# (PyPI's Linux torch wheels are CUDA builds: on a GPU machine the default TORCH_SPEC gets one.)
+gpu-check: $(BIN)/python
+	$(PIP) install "$(TORCH_SPEC)" "triton>=3.0"
+	$(PIP) install -e .
+	$(BIN)/python tools/gpu_check.py
 
 export: install-dev
 	$(BIN)/nbdev-export

@@ -14,10 +14,8 @@ __all__ = ['build_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #7b47bf72
 def _generate(args) -> int:
-    from inferlab.model import load_model
-    from inferlab.tokenizer import load_tokenizer
+    from inferlab.engine.llm_engine import LLM
     from inferlab.sampling import SamplingParams
-    from inferlab.generate import generate_one
     from inferlab.tokenizer import load_generation_config
     gen_cfg = load_generation_config(args.model)      # the checkpoint author's defaults, when it ships them
     def pick(flag, key, default): return flag if flag is not None else gen_cfg.get(key, default)
@@ -25,15 +23,23 @@ def _generate(args) -> int:
                             top_k=pick(args.top_k, "top_k", -1), seed=args.seed, max_tokens=args.max_tokens,
                             stop=args.stop or [])
     t0 = time.perf_counter()
-    model, tok = load_model(args.model, dtype=args.dtype, device=args.device), load_tokenizer(args.model)
-    load_s = time.perf_counter() - t0
-    out = generate_one(model, tok, args.prompt, params)
-    print(args.prompt + out.text)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs)
+    load_s, t1 = time.perf_counter() - t0, time.perf_counter()
+    outs = llm.generate(args.prompt, params)
+    wall = time.perf_counter() - t1
+    for i, (prompt, out) in enumerate(zip(args.prompt, outs)):
+        if len(args.prompt) > 1: print(f"--- prompt {i + 1}")
+        print(prompt + out.text if out.error is None else f"error: {out.error}")
     if not args.quiet:
-        n = len(out.token_ids)
-        print(f"\n[{model.source}: {n} tokens, finish_reason={out.finish_reason}, load {load_s:.2f} s, "
-              f"TTFT {out.ttft_s * 1e3:.1f} ms, {n / max(out.total_s, 1e-9):.1f} tokens/s]", file=sys.stderr)
-    return 0
+        ok = [o for o in outs if o.error is None]
+        n, st = sum(len(o.token_ids) for o in ok), llm.engine.stats()
+        ttft = sorted(o.metrics.ttft for o in ok)
+        print(f"\n[{llm.engine.model.source}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = {n / wall:.1f} tokens/s; "
+              f"load {load_s:.2f} s; TTFT p50 {ttft[len(ttft) // 2] * 1e3:.1f} ms (queueing included); finish {ok[0].finish_reason if len(ok) == 1 else 'see above'}; "
+              f"prefix cache: {st['prefix_hit_tokens']} of {st['prefix_query_tokens']} "
+              f"prompt tokens reused ({100 * st['prefix_hit_rate']:.0f}%) by {sum(o.metrics.num_cached_tokens > 0 for o in ok)} request(s); "
+              f"{st['steps']} engine steps, {st['preemptions']} preemptions]", file=sys.stderr)
+    return 0 if all(o.error is None for o in outs) else 2
 
 # %% ../nbs/08_cli.ipynb #5c3501e9
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "Models come from a local HF-layout directory or the shipped family.")
     p.add_argument("--version", action="version", version=f"inferlab {inferlab.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    g = sub.add_parser("generate", help="continue a prompt with a model (default: the shipped tiny-dense)")
-    g.add_argument("prompt", help="the text to continue")
+    g = sub.add_parser("generate", help="continue prompts with the engine (default model: the shipped tiny-dense)")
+    g.add_argument("prompt", nargs="+", help="the text(s) to continue; several run as one continuously batched job")
     g.add_argument("--model", default=None, help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: generation_config.json, else 0.8)")
@@ -52,11 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together (default 64)")
     g.add_argument("--quiet", action="store_true", help="print only the text")
     g.set_defaults(func=_generate)
     # `simulate` owns its options (chapter 66); main() hands it the rest of the command line untouched.
     sub.add_parser("simulate", add_help=False, help="simulate an autoscaled serving fleet (chapters 6x); "
                    "`inferlab simulate --help` lists its options")
+    sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 18)")
     return p
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         from inferlab.fleet.cli import main as simulate_main
         return simulate_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from inferlab.bench import main as bench_main
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None): parser.print_help(); return 0

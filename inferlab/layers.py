@@ -96,15 +96,24 @@ class Attention(nn.Module):
     def qkv(self, x, cos, sin):
         "Projected, normalised and rotated q `[b, t, hq, d]`, k and v `[b, t, hkv, d]`."
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        hq, hkv = self.n_heads, self.n_kv
+        if hasattr(self, "qkv_proj"):   # the engine's packed form: one matmul for q, k and v (chapter 15)
+            y = self.qkv_proj(x).view(b, t, hq + 2 * hkv, self.head_dim)
+            if self.q_norm is None:     # rotate the q and k heads in one go
+                qk = apply_rope(y[:, :, :hq + hkv], cos, sin)
+                return qk[:, :, :hq], qk[:, :, hq:], y[:, :, hq + hkv:]
+            q, k, v = y.split([hq, hkv, hkv], dim=2)
+        else:
+            q = self.q_proj(x).view(b, t, hq, self.head_dim)
+            k, v = self.k_proj(x).view(b, t, hkv, self.head_dim), self.v_proj(x).view(b, t, hkv, self.head_dim)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)   # Qwen3: per-head norm before RoPE
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, positions, kv_cache=None):
         "x `[b, t, d]`; positions `[t]`; `kv_cache.update(layer, k, v)` returns all keys/values so far."
         q, k, v = self.qkv(x, cos, sin)
+        if hasattr(kv_cache, "attend"):   # the engine's paged cache (chapter 15) stores k/v by slot and attends itself
+            return self.o_proj(kv_cache.attend(self.layer_idx, q, k, v, self.window, self.scale).flatten(2))
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
             k_pos = torch.arange(k.shape[1], device=x.device)   # a contiguous cache holds positions 0..s-1
@@ -122,4 +131,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x):  # [..., hidden]
+        if hasattr(self, "gate_up_proj"):   # the engine's packed form: gate and up in one matmul (chapter 15)
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -59,10 +59,10 @@ class CausalLM(nn.Module):
         if bool(bad.any()):
             raise ValueError(f"input_ids: token id {int(input_ids[bad][0])} is outside the vocabulary [0, {V})")
 
-    def hidden_states(self, input_ids, positions=None, kv_cache=None):
+    def hidden_states(self, input_ids, positions=None, kv_cache=None, check_ids: bool = True):
         "Final-norm hidden states `[b, t, d]`. `positions` `[t]` default to continuing `kv_cache`."
         if input_ids.dim() != 2: raise ValueError(f"input_ids: expected shape [batch, seq], got {list(input_ids.shape)}")
-        self.check_token_ids(input_ids)
+        if check_ids: self.check_token_ids(input_ids)   # the engine checks once at admission instead (no GPU sync per step)
         if positions is None:
             start = kv_cache.seq_len if kv_cache is not None else 0
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
