@@ -21,10 +21,11 @@ except ImportError:
     triton = tl = None
 
 # %% auto #0
-__all__ = ['slots_from_block_table', 'store_kv_reference', 'PagedBatch', 'make_paged_batch', 'gather_kv',
-           'paged_prefill_reference', 'decode_plan', 'paged_decode_reference', 'blocks_read', 'attention_intensity',
-           'decode_kv_bytes', 'online_softmax_attention', 'interpreter_ready', 'store_kv_triton', 'decode_num_splits',
-           'paged_decode_triton', 'paged_prefill_triton', 'store_kv', 'paged_prefill', 'paged_decode']
+__all__ = ['KV_CACHE_DTYPES', 'slots_from_block_table', 'kv_quantize', 'store_kv_reference', 'PagedBatch', 'make_paged_batch',
+           'gather_kv', 'paged_prefill_reference', 'decode_plan', 'paged_decode_reference', 'blocks_read',
+           'attention_intensity', 'decode_kv_bytes', 'online_softmax_attention', 'interpreter_ready', 'store_kv_triton',
+           'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton', 'store_kv', 'paged_prefill',
+           'paged_decode']
 
 # %% ../nbs/13_paged_attention.ipynb #d880b557
 def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -33,20 +34,34 @@ def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, b
     return blocks * block_size + positions % block_size
 
 # %% ../nbs/13_paged_attention.ipynb #096cd957
-def store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False) -> None:
-    "Write k, v `[num_tokens, kv_heads, head_dim]` at `slot_mapping` `[num_tokens]` (−1: skip), in place."
+KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}   # quantized KV blocks
+
+def kv_quantize(x, scale, dtype):
+    "Keys or values `[tokens, kv_heads, head_dim]` → codes of `dtype`, with one float32 scale per KV head `[kv_heads]`."
+    y = x.float() / scale[:, None]
+    if dtype == torch.int8: return y.round().clamp(-127, 127).to(torch.int8)
+    return y.clamp(-448.0, 448.0).to(dtype)          # saturate: a bare cast turns overflow into NaN
+
+def _raw(t):
+    "Bytes view for data movement: CPU indexing kernels do not all exist for float8."
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
+
+def store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None) -> None:
+    "Write k, v `[num_tokens, kv_heads, head_dim]` at `slot_mapping` `[num_tokens]` (−1: skip), in place; quantize if scales are given."
+    if k_scale is not None: k, v = kv_quantize(k, k_scale, k_cache.dtype), kv_quantize(v, v_scale, v_cache.dtype)
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     if all_valid:   # the engine never pads: one copy per tensor, no mask
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        _raw(k_cache).view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, _raw(k))
+        _raw(v_cache).view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, _raw(v))
         return
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0                                  # [num_tokens]
     slots = slot_mapping[keep].long()
     blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, offsets] = k[keep].to(k_cache.dtype)      # [kept, kv_heads, head_dim] rows
-    v_cache[blocks, offsets] = v[keep].to(v_cache.dtype)
+    _raw(k_cache)[blocks, offsets] = _raw(k[keep])            # [kept, kv_heads, head_dim] rows
+    _raw(v_cache)[blocks, offsets] = _raw(v[keep])
 
-# %% ../nbs/13_paged_attention.ipynb #3bb86879
+# %% ../nbs/13_paged_attention.ipynb #e65d96c3
 @dataclass
 class PagedBatch:
     "Queries, a paged KV pool and its metadata for B sequences; `k_dense[i]` `[L_i, kv_heads, head_dim]` for checks."
@@ -91,7 +106,7 @@ def make_paged_batch(seq_lens: list[int], q_lens: list[int] | None = None, num_q
     return PagedBatch(q.to(device), kc.to(device), vc.to(device), tables.to(device), cu.to(device),
                       torch.tensor(seq_lens, dtype=torch.int32, device=device), k_dense, v_dense)
 
-# %% ../nbs/13_paged_attention.ipynb #9129d743
+# %% ../nbs/13_paged_attention.ipynb #3bcc8656
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     "The first `length` token rows of one sequence, `[length, kv_heads, head_dim]`, from its block table row."
     block_size = cache.shape[1]
@@ -104,15 +119,16 @@ def _causal_window_mask(q_pos, k_pos, window):
     return ok & (rel < window) if window else ok
 
 def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                            window: int | None = None) -> torch.Tensor:
+                            window: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
     "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` over paged KV (torch, any device)."
     out = torch.empty_like(q)
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     for i, L in enumerate(lens):
         s, e = cu[i], cu[i + 1]
         if e == s: continue
-        k = gather_kv(k_cache, block_tables[i], L).float().transpose(0, 1)[None]   # [1, kv_heads, L, head_dim]
-        v = gather_kv(v_cache, block_tables[i], L).float().transpose(0, 1)[None]
+        k, v = gather_kv(k_cache, block_tables[i], L).float(), gather_kv(v_cache, block_tables[i], L).float()
+        if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]     # dequantize on read
+        k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]                     # [1, kv_heads, L, head_dim]
         qi = q[s:e].float().transpose(0, 1)[None]                                   # [1, q_heads, n, head_dim]
         mask = _causal_window_mask(torch.arange(L - (e - s), L, device=q.device), torch.arange(L, device=q.device),
                                    window)                                          # [n, L]
@@ -120,7 +136,7 @@ def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq
         out[s:e] = o[0].transpose(0, 1).to(q.dtype)                                 # [n, q_heads, head_dim]
     return out
 
-# %% ../nbs/13_paged_attention.ipynb #c77d26b7
+# %% ../nbs/13_paged_attention.ipynb #a283065b
 def _decode_columns(seq_lens: torch.Tensor, block_size: int, window: int | None):
     "Block-table columns `[B, nb]` each decode query reads, and which of their key positions are real `[B, nb * bs]`."
     lens = seq_lens.long()
@@ -142,7 +158,7 @@ def decode_plan(block_tables, seq_lens, block_size: int, window: int | None = No
     return torch.gather(block_tables.long(), 1, cols).clamp(min=0).flatten(), valid
 
 def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: float,
-                           window: int | None = None, plan=None) -> torch.Tensor:
+                           window: int | None = None, plan=None, k_scale=None, v_scale=None) -> torch.Tensor:
     "One query per sequence `[B, q_heads, head_dim]` at position seq_lens-1, over paged KV; no loop over B."
     B, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
@@ -150,12 +166,13 @@ def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: f
     blocks, valid = plan if plan is not None else decode_plan(block_tables, seq_lens, block_size, window)
     k = k_cache.index_select(0, blocks).view(B, -1, n_kv, head_dim).float()   # [B, S, kv_heads, head_dim]
     v = v_cache.index_select(0, blocks).view(B, -1, n_kv, head_dim).float()
+    if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]   # dequantize on read
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float()[:, :, None], k.transpose(1, 2), v.transpose(1, 2),          # [B, heads, 1 | S, head_dim]
         attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)      # mask [B, 1, 1, S]
     return out[:, :, 0].to(q.dtype)                                           # [B, q_heads, head_dim]
 
-# %% ../nbs/13_paged_attention.ipynb #589cfdef
+# %% ../nbs/13_paged_attention.ipynb #d1d4f349
 def blocks_read(length: int, block_size: int, window: int | None = None) -> list[str]:
     "One string per block of a `length`-token sequence: '#' slots its last query reads, '.' skipped, '_' empty."
     first = max(0, length - window) if window else 0
@@ -165,7 +182,7 @@ def blocks_read(length: int, block_size: int, window: int | None = None) -> list
                             for t in range(b * block_size, (b + 1) * block_size)))
     return rows
 
-# %% ../nbs/13_paged_attention.ipynb #065018b2
+# %% ../nbs/13_paged_attention.ipynb #f70bb626
 def attention_intensity(n_query: int, group: int, bytes_per_elem: float) -> float:
     "FLOPs per byte of K/V read for `n_query` query tokens per sequence (decode: 1)."
     return 2 * n_query * group / bytes_per_elem
@@ -174,7 +191,7 @@ def decode_kv_bytes(seq_lens, num_kv_heads: int, head_dim: int, bytes_per_elem: 
     "Bytes of keys and values one decode step reads for sequences of `seq_lens` tokens."
     return 2 * sum(int(L) for L in seq_lens) * num_kv_heads * head_dim * bytes_per_elem * num_layers
 
-# %% ../nbs/13_paged_attention.ipynb #f890516d
+# %% ../nbs/13_paged_attention.ipynb #90772b9b
 def online_softmax_attention(s: torch.Tensor, v: torch.Tensor, tile: int, trace: bool = False) -> torch.Tensor:
     "softmax(s) @ v for one query (`s` `[L]`, `v` `[L, d]`), visiting `tile` keys at a time like the kernels do."
     m, l, acc = float("-inf"), 0.0, torch.zeros(v.shape[1])
@@ -187,7 +204,7 @@ def online_softmax_attention(s: torch.Tensor, v: torch.Tensor, tile: int, trace:
         if trace: print(f"keys {j}..{j + len(st) - 1}: m={m:.3f} alpha={alpha:.3f} l={l:.3f}")
     return acc / l
 
-# %% ../nbs/13_paged_attention.ipynb #6a04f1ad
+# %% ../nbs/13_paged_attention.ipynb #a9bbc878
 def interpreter_ready() -> bool:
     "Was Triton imported in interpreter mode (`TRITON_INTERPRET=1`), so its kernels can run on CPU tensors?"
     return triton is not None and type(tl.sum).__name__ == "InterpretedFunction"
@@ -215,7 +232,7 @@ def _dot_dtype(q: torch.Tensor):
     if q.dtype == torch.bfloat16 and interpreter_ready(): return tl.float32
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
 
-# %% ../nbs/13_paged_attention.ipynb #ac37321b
+# %% ../nbs/13_paged_attention.ipynb #3a4b3dd0
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
                      stride_cb, stride_ct, stride_ch, stride_cd, stride_vcb, stride_vct, stride_vch, stride_vcd,
@@ -246,7 +263,7 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
         NUM_KV_HEADS=n_kv, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
         BLOCK_H=_next_pow2(n_kv), BLOCK_D=_next_pow2(head_dim))
 
-# %% ../nbs/13_paged_attention.ipynb #d2bfe2a8
+# %% ../nbs/13_paged_attention.ipynb #d37f8e9c
 def _paged_decode_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, qk_scale, window,
         stride_qb, stride_qh, stride_qd,
@@ -324,7 +341,7 @@ def _combine_splits_kernel(part_ptr, lse_ptr, out_ptr, stride_pb, stride_ph, str
 _paged_decode = _LazyKernel(_paged_decode_kernel)
 _combine_splits = _LazyKernel(_combine_splits_kernel)
 
-# %% ../nbs/13_paged_attention.ipynb #1410c430
+# %% ../nbs/13_paged_attention.ipynb #4629fdb2
 _SM_COUNT: dict = {}
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_len: int, device) -> int:
@@ -364,7 +381,7 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: floa
             NUM_SPLITS=splits, HEAD_DIM=head_dim, BLOCK_S=_next_pow2(splits), BLOCK_D=_next_pow2(head_dim))
     return out
 
-# %% ../nbs/13_paged_attention.ipynb #04fb9d62
+# %% ../nbs/13_paged_attention.ipynb #b8cf3f68
 def _paged_prefill_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, qk_scale, window,
         stride_qt, stride_qh, stride_qd,
@@ -443,22 +460,23 @@ def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_le
         BLOCK_M=block_m, BLOCK_D=max(16, _next_pow2(head_dim)), BLOCK_N=block_n, DOT_DTYPE=_dot_dtype(q))
     return out
 
-# %% ../nbs/13_paged_attention.ipynb #9fa624b4
+# %% ../nbs/13_paged_attention.ipynb #93db75f7
 def _use_triton(t: torch.Tensor) -> bool: return t.is_cuda and triton is not None
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False) -> None:
+def store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None) -> None:
     "Write k, v `[num_tokens, kv_heads, head_dim]` into the paged cache at `slot_mapping` (−1: skip), in place."
-    if _use_triton(k_cache): store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
-    else: store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid)
+    if _use_triton(k_cache) and k_scale is None: store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+    else: store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                  window: int | None = None) -> torch.Tensor:
+                  window: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
     "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` (the last tokens of each sequence)."
-    f = paged_prefill_triton if _use_triton(q) else paged_prefill_reference
-    return f(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window)
+    if _use_triton(q) and k_scale is None:   # the Triton kernels read unquantized caches
+        return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window)
+    return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window, k_scale, v_scale)
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
-                 plan=None) -> torch.Tensor:
+                 plan=None, k_scale=None, v_scale=None) -> torch.Tensor:
     "Attention of one query per sequence `[B, q_heads, head_dim]` at position seq_lens-1 (`plan`: see `decode_plan`)."
-    if _use_triton(q): return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan)
+    if _use_triton(q) and k_scale is None: return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale)

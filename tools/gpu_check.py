@@ -4,6 +4,7 @@
     python tools/gpu_check.py                      # all checks on the first CUDA device (H200 peak: 4800 GB/s)
     python tools/gpu_check.py --peak-gbps 3350     # another GPU's peak memory bandwidth (H100 SXM)
     python tools/gpu_check.py --only decode,store_kv
+    python tools/gpu_check.py --only w4a16,w8a16,w8a8,nvfp4   # the quantized matmuls (chapter 24)
     python tools/gpu_check.py --interpret-smoke    # no GPU: the same code on tiny shapes in Triton's interpreter
 
 Each check prints one line per case: max |kernel - reference|, PASS/FAIL against the dtype's tolerance, the kernel's
@@ -64,6 +65,7 @@ class Row:
     ref_ms: float
     gbps: float | None = None       # achieved bytes / kernel time (memory-bound kernels)
     tflops: float | None = None     # achieved FLOPs / kernel time (compute-bound kernels)
+    note: str = ""                  # anything else worth printing (e.g. the time of an unquantized baseline)
 
     @property
     def passed(self) -> bool: return self.max_err <= self.tol      # NaN fails
@@ -75,7 +77,7 @@ class Row:
              f"({self.ref_ms / max(self.kernel_ms, 1e-9):5.1f}x)")
         if self.gbps is not None: s += f"  {self.gbps:7.0f} GB/s = {self.gbps / ctx.peak_gbps:4.0%} of peak"
         if self.tflops is not None: s += f"  {self.tflops:6.1f} TFLOP/s = {self.tflops / ctx.peak_tflops:4.0%} of peak"
-        return s
+        return s + self.note
 
 
 CHECKS: dict = {}
@@ -205,6 +207,89 @@ def check_prefill(ctx: Ctx):
             ms = ctx.time_ms(lambda: paged_prefill_triton(*args))
             ref_ms = ctx.time_ms(lambda: paged_prefill_reference(*args), iters=3)
             yield Row("prefill", name, dtype, err, TOL[dtype], ms, ref_ms, tflops=flops / (ms * 1e-3) / 1e12)
+
+
+# ------------------------------------------------------------------------------- quantized matmuls (chapter 24)
+
+QTOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}   # max |kernel - ref| / max |ref|: a few
+                                                                           # ulps of the output dtype, at any K
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30)).item()
+
+
+def quant_cases(ctx: Ctx):
+    "(name, M, N, K): decode GEMVs of a 7-8B model's projections, and one prefill GEMM."
+    if ctx.smoke:
+        return [("M=1, N 48, K 200 (K tail)", 1, 48, 200), ("M=5, N 64, K 96", 5, 64, 96)]
+    return [("decode M=1, 4096x4096 (q/o)", 1, 4096, 4096), ("decode M=16, 4096x4096", 16, 4096, 4096),
+            ("decode M=1, 14336x4096 (up)", 1, 14336, 4096), ("decode M=16, 4096x14336 (down)", 16, 4096, 14336),
+            ("prefill M=2048, 4096x4096", 2048, 4096, 4096)]
+
+
+def quant_layer(ctx: Ctx, weights: str, N: int, K: int, activations=None, seed: int = 0):
+    "A QuantLinear quantized (round to nearest) on the device from random N(0, 0.02) weights."
+    from inferlab.quant.quantize import QuantLinear
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(K, N, bias=False, device=ctx.device)
+    with torch.no_grad(): lin.weight.normal_(0, 0.02)
+    return QuantLinear.from_linear(lin, weights, activations)
+
+
+def quant_rows(ctx: Ctx, check_name: str, weights: str, activations, kernel, reference):
+    "One Row per case and dtype: the kernel against its reference; decode in GB/s, prefill in TFLOP/s."
+    for name, M, N, K in quant_cases(ctx):
+        q = quant_layer(ctx, weights, N, K, activations)
+        w16 = None if ctx.smoke else q.dequantize().to(torch.bfloat16)   # the unquantized layer, for comparison
+        for dtype in ((torch.float32, torch.bfloat16) if ctx.smoke else (torch.bfloat16, torch.float16)):
+            x = torch.randn(M, K, device=ctx.device).to(dtype)
+            err = rel_err(kernel(q, x), reference(q, x))
+            ms = ctx.time_ms(lambda: kernel(q, x))
+            ref_ms = ctx.time_ms(lambda: reference(q, x), iters=3)
+            note = ""
+            if w16 is not None and dtype == torch.bfloat16:
+                bf_ms = ctx.time_ms(lambda: torch.nn.functional.linear(x, w16))
+                note = f"  | bf16 F.linear {bf_ms:.3f} ms: kernel {bf_ms / ms:.2f}x"
+            moved = q.nbytes() + x.numel() * x.element_size() + M * N * x.element_size()
+            prefill = M >= 256
+            yield Row(check_name, f"{weights}{' A:' + activations if activations else ''} {name}", dtype, err,
+                      QTOL[dtype], ms, ref_ms, gbps=None if prefill else moved / (ms * 1e-3) / 1e9,
+                      tflops=2 * M * N * K / (ms * 1e-3) / 1e12 if prefill else None, note=note)
+
+
+@check("w4a16")
+def check_w4a16(ctx: Ctx):
+    from inferlab.quant.kernels import w4a16_matmul_reference, w4a16_matmul_triton
+    for fmt in ("int4-g128", "int4-g32"):
+        yield from quant_rows(ctx, "w4a16", fmt, None,
+                              lambda q, x: w4a16_matmul_triton(x, q.qweight, q.scale, q.spec.group_size),
+                              lambda q, x: w4a16_matmul_reference(x, q.qweight, q.scale, q.spec.group_size))
+
+
+@check("w8a16")
+def check_w8a16(ctx: Ctx):
+    from inferlab.quant.kernels import w8a16_matmul_reference, w8a16_matmul_triton
+    for fmt in ("fp8", "int8"):
+        yield from quant_rows(ctx, "w8a16", fmt, None, lambda q, x: w8a16_matmul_triton(x, q.qweight, q.scale),
+                              lambda q, x: w8a16_matmul_reference(x, q.qweight, q.scale))
+
+
+@check("w8a8")
+def check_w8a8(ctx: Ctx):
+    """int8 x int8 -> int32 tensor cores; the kernel's time includes quantizing the activations (torch), and its
+    peak is the INT8 one, twice --peak-tflops (the printed % is against the bf16 peak)."""
+    from inferlab.quant.kernels import w8a8_matmul_reference, w8a8_matmul_triton
+    yield from quant_rows(ctx, "w8a8", "int8", "int8", lambda q, x: w8a8_matmul_triton(x, q.qweight, q.scale),
+                          lambda q, x: w8a8_matmul_reference(x, q.qweight, q.scale))
+
+
+@check("nvfp4")
+def check_nvfp4(ctx: Ctx):
+    from inferlab.quant.kernels import nvfp4_matmul_reference, nvfp4_matmul_triton
+    yield from quant_rows(ctx, "nvfp4", "nvfp4", None,
+                          lambda q, x: nvfp4_matmul_triton(x, q.qweight, q.scale, q.tensor_scale),
+                          lambda q, x: nvfp4_matmul_reference(x, q.qweight, q.scale, q.tensor_scale))
 
 
 # ------------------------------------------------------------------------------------------------------------- main

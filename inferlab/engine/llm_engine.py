@@ -18,12 +18,17 @@ from ..kv_memory import num_kv_blocks
 from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig
-from .model_runner import ModelRunner, sample_batch, pack_model
+from .model_runner import ModelRunner, sample_batch, pack_model, calibrate_kv_scales
+from ..paged_attention import KV_CACHE_DTYPES
 
 # %% auto #0
-__all__ = ['EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine', 'LLM']
+__all__ = ['QUANTIZATION_RECIPES', 'EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine', 'LLM']
 
 # %% ../../nbs/16_llm_engine.ipynb #3d8bed29
+QUANTIZATION_RECIPES = {"w8a16": dict(weights="int8"), "w4a16": dict(weights="int4-g128"),
+                        "w8a8": dict(weights="int8", activations="int8"), "fp8": dict(weights="fp8"),
+                        "mxfp4": dict(weights="mxfp4"), "nvfp4": dict(weights="nvfp4")}
+
 @dataclass
 class EngineConfig:
     block_size: int = 16
@@ -36,8 +41,14 @@ class EngineConfig:
     max_model_len: int | None = None           # None: the model's max_position_embeddings
     policy: str = "fcfs"
     pack_weights: bool = True                  # fused q/k/v and gate/up, K-major on CPU (chapter 15)
+    quantization: str | None = None            # weights (and activations): see QUANTIZATION_RECIPES (chapter 23)
+    kv_cache_dtype: str | None = None          # "fp8" (E4M3) or "int8" KV blocks with per-head scales (chapter 13)
 
     def __post_init__(self):
+        if self.quantization is not None and self.quantization not in QUANTIZATION_RECIPES:
+            raise ValueError(f"quantization: {self.quantization!r} is not supported; valid: None, {', '.join(QUANTIZATION_RECIPES)}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported; valid: None, {', '.join(KV_CACHE_DTYPES)}")
         for f in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{f}: must be an integer >= 1, got {v!r}")
@@ -98,19 +109,31 @@ class LLMEngine:
     "The engine loop: `add_request`, then `step()` until `has_unfinished()` is False; `abort` at any time."
     def __init__(self, model, tokenizer: Tokenizer | None, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
-        self.model = pack_model(model) if self.config.pack_weights else model   # the caller's model is not changed
+        self.model = self._prepare(model)       # a packed (and maybe quantized) copy: the caller's model is not changed
         self.tokenizer = tokenizer
         cfg, ec = model.config, self.config
         self.max_model_len = min(cfg.max_position_embeddings, ec.max_model_len or cfg.max_position_embeddings)
-        n_blocks = ec.num_kv_blocks or num_kv_blocks(cfg, ec.kv_cache_memory, ec.block_size, model.dtype)
+        n_blocks = ec.num_kv_blocks or num_kv_blocks(cfg, ec.kv_cache_memory, ec.block_size, ec.kv_cache_dtype or model.dtype)
         self.block_manager = BlockManager(n_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens,
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
-        self.runner = ModelRunner(self.model, n_blocks, ec.block_size)
+        scales = None
+        if ec.kv_cache_dtype:                   # calibration: a seeded random prompt through a contiguous cache
+            g = torch.Generator().manual_seed(0)
+            calib = torch.randint(1, cfg.vocab_size, (min(256, self.max_model_len - 1),), generator=g).tolist()
+            scales = calibrate_kv_scales(self.model, calib, ec.kv_cache_dtype)
+        self.runner = ModelRunner(self.model, n_blocks, ec.block_size, ec.kv_cache_dtype, scales)
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
         self.requests: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}
         self.num_steps = self.num_prefill_tokens = self.num_decode_tokens = 0
+
+    def _prepare(self, model):
+        ec = self.config
+        if ec.quantization is None: return pack_model(model) if ec.pack_weights else model
+        from inferlab.quant.quantize import quantize, QuantRecipe
+        packed = pack_model(model, k_major=False)   # fused, plain nn.Linear: what the recipes quantize
+        return quantize(packed, QuantRecipe(**QUANTIZATION_RECIPES[ec.quantization]))
 
     @classmethod
     def from_pretrained(cls, model=None, dtype=None, device=None, **config) -> "LLMEngine":
@@ -156,6 +179,7 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None or seq.is_finished: return False
         self.scheduler.finish(seq, "abort")
+        if not self.has_unfinished(): self.runner.restore_threads()
         return True
 
     def has_unfinished(self) -> bool: return self.scheduler.has_unfinished()
@@ -173,6 +197,7 @@ class LLMEngine:
         for i, (seq, tok) in enumerate(zip(samplers, sample_batch(logits, samplers))):
             self._append_token(seq, tok, logits[i])
             outputs.append(self.output(seq))
+        if not self.has_unfinished(): self.runner.restore_threads()
         return outputs
 
     def _append_token(self, seq: Sequence, tok: int, logits: torch.Tensor):

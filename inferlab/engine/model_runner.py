@@ -12,14 +12,16 @@ import torch
 import torch.nn as nn
 from ..config import ModelConfig
 from ..layers import Attention, MLP
+import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
-from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan
+from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, KV_CACHE_DTYPES
+from ..generate import KVCache
 from ..sampling import sample, token_logprobs
 
 # %% auto #0
-__all__ = ['AttentionMetadata', 'PagedKVCache', 'AttentionContext', 'prepare_batch', 'KMajorLinear', 'pack_model', 'ModelRunner',
-           'sample_batch']
+__all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
+           'KMajorLinear', 'pack_model', 'ModelRunner', 'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
 @dataclass
@@ -34,14 +36,38 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor    # [num_decodes, max_blocks] int32, -1 padded
 
 class PagedKVCache:
-    "The block pool's tensors: per layer, keys and values `[num_blocks, block_size, kv_heads, head_dim]`."
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
+    """The block pool's tensors: per layer, keys and values `[num_blocks, block_size, kv_heads, head_dim]`.
+    Quantized (`fp8`, `int8`): codes in the blocks and one float32 scale per layer and KV head (`k_scale[layer]`)."""
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu",
+                 kv_cache_dtype: str | None = None, k_scale=None, v_scale=None):
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        if kv_cache_dtype is not None:
+            if kv_cache_dtype not in KV_CACHE_DTYPES:
+                raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not supported; valid: None, {', '.join(KV_CACHE_DTYPES)}")
+            dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+            ones = [torch.ones(cfg.num_key_value_heads, device=device) for _ in range(cfg.num_hidden_layers)]
+            k_scale, v_scale = k_scale or ones, v_scale or ones
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.k_scale, self.v_scale = k_scale, v_scale       # lists of [kv_heads] float32, or None (unquantized)
+        self.num_blocks, self.block_size, self.kv_cache_dtype = num_blocks, block_size, kv_cache_dtype
 
-    def nbytes(self) -> int: return sum(t.numel() * t.element_size() for t in self.k + self.v)
+    def scales(self, layer: int) -> tuple:
+        return (None, None) if self.k_scale is None else (self.k_scale[layer], self.v_scale[layer])
+
+    def nbytes(self) -> int:
+        scales = [] if self.k_scale is None else self.k_scale + self.v_scale
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
+
+@torch.inference_mode()
+def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headroom: float | None = None):
+    "Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with a contiguous cache."
+    qmax = 127.0 if kv_cache_dtype == "int8" else 448.0
+    headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)   # fp8 has range to spare; int8 has steps to lose
+    cache = KVCache(model.config, 1, len(token_ids), torch.float32, model.device)
+    model.hidden_states(torch.tensor([token_ids], device=model.device), kv_cache=cache)
+    scale = lambda t: (t.abs().amax(dim=(0, 1, 3)).float() * headroom / qmax).clamp(min=1e-8)   # [kv_heads]
+    return [scale(k) for k in cache.k], [scale(v) for v in cache.v]
 
 class AttentionContext:
     "What the model's attention layers receive as `kv_cache` in the engine: the paged cache plus this step's metadata."
@@ -52,17 +78,18 @@ class AttentionContext:
     def attend(self, layer: int, q, k, v, window: int | None, scale: float):
         "q `[1, T, hq, d]`, k/v `[1, T, hkv, d]` for the packed tokens → attention output `[1, T, hq, d]`."
         m, kc, vc = self.meta, self.cache.k[layer], self.cache.v[layer]
-        store_kv(k[0], v[0], kc, vc, m.slot_mapping, all_valid=True)   # first write: a prefill attends to its own tokens
+        ks, vs = self.cache.scales(layer)
+        store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)   # first write: a prefill attends to its own tokens
         P, parts = m.num_prefill_tokens, []
         if P: parts.append(paged_prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
-                                         m.prefill_seq_lens, scale, window))
+                                         m.prefill_seq_lens, scale, window, ks, vs))
         if q.shape[1] > P:
             plan = None
             if not q.is_cuda:
                 plan = self.plans.get(window)
                 if plan is None:
                     plan = self.plans[window] = decode_plan(m.decode_block_tables, m.decode_seq_lens, kc.shape[1], window)
-            parts.append(paged_decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan))
+            parts.append(paged_decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan, ks, vs))
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
     def advance(self, n: int): pass   # the contiguous cache's hook; positions here come from the metadata
@@ -90,18 +117,24 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
     return t(ids, torch.int64), t(pos, torch.int64), meta, t(logits_idx, torch.int64), samplers
 
 # %% ../../nbs/15_model_runner.ipynb #22f63725
+SMALL_STEP_TOKENS = 8   # CPU steps with at most this many tokens take the decode path below
+
 class KMajorLinear(nn.Module):
-    "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`: the layout MKL's matrix–vector kernel reads fastest."
+    "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows on CPU go through NumPy's BLAS."
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)   # [in, out]
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.weight_np = self.weight_t.detach().numpy() if self.weight_t.device.type == "cpu" else None   # same memory
+        self.use_numpy = False                  # set by the runner for decode-sized steps on CPU
 
     @property
     def weight(self) -> torch.Tensor: return self.weight_t.t()                              # [out, in] view
 
     def forward(self, x):  # [..., in] -> [..., out]
-        y = x @ self.weight_t
+        if self.use_numpy and x.dtype == torch.float32:
+            y = torch.from_numpy(x.detach().contiguous().numpy() @ self.weight_np)   # matrix-vector: OpenBLAS
+        else: y = x @ self.weight_t
         return y if self.bias is None else y + self.bias
 
 def _fused(linears: list[nn.Linear], k_major: bool) -> nn.Module:
@@ -135,15 +168,34 @@ def pack_model(model, k_major: bool | None = None):
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:
     "Runs scheduled batches through the model over a paged KV cache; samples the next tokens."
-    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_dtype: torch.dtype | None = None):
+    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str | None = None,
+                 kv_scales: tuple | None = None):
         "`model` should already be packed (`pack_model`) if wanted; the runner uses it as given."
         self.model, self.block_size = model, block_size
         self.device = model.device
-        self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, kv_dtype or model.dtype, self.device)
+        self.cpu_threads, self.decode_mode = torch.get_num_threads(), False
+        self.k_major = [m for m in model.modules() if isinstance(m, KMajorLinear) and m.weight_np is not None]
+        self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
+                                     *(kv_scales or (None, None)))
 
-    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         "One forward pass: (sequences that sample, their logits `[S, vocab]` in float32)."
+        if self.device.type == "cpu": self._decode_mode(batch.num_tokens <= SMALL_STEP_TOKENS)
+        return self._execute(batch)
+
+    def _decode_mode(self, on: bool):
+        "CPU decode-sized steps: one torch thread, linears through NumPy's BLAS (see 'Decode steps on CPU'). Switched only on a change, so thread pools are not woken and put to sleep every step."
+        if on == self.decode_mode: return
+        self.decode_mode = on
+        torch.set_num_threads(1 if on else self.cpu_threads)
+        for m in self.k_major: m.use_numpy = on
+
+    def restore_threads(self):
+        "Give the process its torch thread count back (the engine calls this when it goes idle)."
+        if self.device.type == "cpu": self._decode_mode(False)
+
+    @torch.inference_mode()
+    def _execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
         ctx = AttentionContext(self.kv_cache, meta)
         h = self.model.hidden_states(ids[None], pos, ctx, check_ids=False)[0]   # [T, hidden]
