@@ -22,6 +22,11 @@ Steps:
 from __future__ import annotations
 import argparse, html, importlib.util, json, os, re, shutil, subprocess, sys, time
 from pathlib import Path
+import torch
+
+# Without CUDA, Triton runs kernels only in its interpreter, chosen before triton is first imported (notebooks import
+# transformers and the engine, which import it): set it before any notebook runs, as tests/conftest.py does.
+if not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS, PROC, SITE, HERE = ROOT / "nbs", ROOT / "_proc", ROOT / "_site", ROOT / "docs"
