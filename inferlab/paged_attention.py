@@ -152,10 +152,24 @@ def _decode_columns(seq_lens: torch.Tensor, block_size: int, window: int | None)
     last = ((lens - 1).clamp(min=0) // block_size)[:, None]                  # past a sequence's end: re-read its
     return torch.minimum(cols, last), valid                                   # last block (masked out anyway)
 
-def decode_plan(block_tables, seq_lens, block_size: int, window: int | None = None):
-    "Block ids to gather `[B * nb]` and the valid-key mask `[B, nb * bs]`: the same for every layer of a step."
-    cols, valid = _decode_columns(seq_lens, block_size, window)               # [B, nb], [B, S]
-    return torch.gather(block_tables.long(), 1, cols).clamp(min=0).flatten(), valid
+def decode_plan(block_tables, seq_lens, block_size: int, window: int | None = None, max_waste: float = 2.0):
+    """What each layer of a decode step gathers, computed once per step: a list of groups `(rows, block ids [g * nb],
+    valid-key mask [g, nb * bs])`. Sequences are sorted by length and grouped so that padding a group to its longest
+    reads at most `max_waste` times the keys its shortest needs (one group, `rows=None`, when lengths are close)."""
+    lens = seq_lens.tolist()
+    order = sorted(range(len(lens)), key=lens.__getitem__)
+    groups, cur = [], []
+    for i in order:
+        if cur and lens[i] > max_waste * max(lens[cur[0]], block_size): groups.append(cur); cur = []
+        cur.append(i)
+    groups.append(cur)
+    plans = []
+    for g in groups:
+        rows = None if len(groups) == 1 else torch.tensor(g, device=seq_lens.device)
+        bt, sl = (block_tables, seq_lens) if rows is None else (block_tables[rows], seq_lens[rows])
+        cols, valid = _decode_columns(sl, block_size, window)                 # [g, nb], [g, S]
+        plans.append((rows, torch.gather(bt.long(), 1, cols).clamp(min=0).flatten(), valid))
+    return plans
 
 def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: float,
                            window: int | None = None, plan=None, k_scale=None, v_scale=None) -> torch.Tensor:
@@ -163,14 +177,21 @@ def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: f
     B, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
     if B == 0: return torch.empty_like(q)
-    blocks, valid = plan if plan is not None else decode_plan(block_tables, seq_lens, block_size, window)
-    k = k_cache.index_select(0, blocks).view(B, -1, n_kv, head_dim).float()   # [B, S, kv_heads, head_dim]
-    v = v_cache.index_select(0, blocks).view(B, -1, n_kv, head_dim).float()
-    if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]   # dequantize on read
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.float()[:, :, None], k.transpose(1, 2), v.transpose(1, 2),          # [B, heads, 1 | S, head_dim]
-        attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)      # mask [B, 1, 1, S]
-    return out[:, :, 0].to(q.dtype)                                           # [B, q_heads, head_dim]
+    plans = plan if plan is not None else decode_plan(block_tables, seq_lens, block_size, window)
+    out = torch.empty_like(q) if len(plans) > 1 else None
+    for rows, blocks, valid in plans:                                          # groups of similar lengths
+        qg = q if rows is None else q[rows]
+        g = qg.shape[0]
+        k = k_cache.index_select(0, blocks).view(g, -1, n_kv, head_dim).float()   # [g, S, kv_heads, head_dim]
+        v = v_cache.index_select(0, blocks).view(g, -1, n_kv, head_dim).float()
+        if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]   # dequantize on read
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qg.float()[:, :, None], k.transpose(1, 2), v.transpose(1, 2),     # [g, heads, 1 | S, head_dim]
+            attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)  # mask [g, 1, 1, S]
+        o = o[:, :, 0].to(q.dtype)                                            # [g, q_heads, head_dim]
+        if rows is None: return o
+        out[rows] = o
+    return out
 
 # %% ../nbs/13_paged_attention.ipynb #d1d4f349
 def blocks_read(length: int, block_size: int, window: int | None = None) -> list[str]:

@@ -196,3 +196,16 @@ def test_gpu_check_smoke(capsys):
 def test_gpu_check_without_cuda(capsys):
     assert _gpu_check_module().main([]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+def test_decode_reference_grouping_matches_one_group():
+    "decode_plan's length groups (at most 2x padding) give the same attention as one padded group."
+    from inferlab.paged_attention import make_paged_batch, paged_decode_reference, decode_plan
+    b = make_paged_batch([3, 700, 70, 16, 250, 1, 33], num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16)
+    q = b.q[b.cu_seqlens_q[1:].long() - 1]                                    # the last query of each sequence
+    grouped = decode_plan(b.block_tables, b.seq_lens, 16)
+    assert len(grouped) > 2
+    one = decode_plan(b.block_tables, b.seq_lens, 16, max_waste=float("inf"))
+    assert len(one) == 1
+    a = paged_decode_reference(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 0.17, plan=grouped)
+    c = paged_decode_reference(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 0.17, plan=one)
+    assert (a - c).abs().max() < 1e-5
