@@ -65,8 +65,9 @@ class BlockManager:
         return hits
 
     # -- checks --------------------------------------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence) -> bool:
-        hits = self.prefix_hits(seq)
+    def can_allocate(self, seq: Sequence, hits: list[int] | None = None) -> bool:
+        "`hits`: `prefix_hits(seq)` if the caller already has it (hashing a long prompt once is enough)."
+        hits = self.prefix_hits(seq) if hits is None else hits
         revived = sum(self.blocks[b].ref_count == 0 for b in hits)      # hits waiting in the free queue
         return self.blocks_needed(seq.num_tokens) - len(hits) <= self.num_free_blocks - revived
 
@@ -77,11 +78,11 @@ class BlockManager:
         return max(0, self.blocks_needed(seq.num_computed_tokens + n) - len(seq.block_table))
 
     # -- actions -------------------------------------------------------------------------------------------------
-    def allocate(self, seq: Sequence):
+    def allocate(self, seq: Sequence, hits: list[int] | None = None):
         "Give a waiting sequence blocks for all its tokens, reusing cached prefix blocks; sets its computed count."
         if seq.block_table: raise RuntimeError(f"allocate: {seq!r} already holds blocks")
-        if not self.can_allocate(seq): raise RuntimeError(f"allocate: not enough free blocks for {seq!r}")
-        hits = self.prefix_hits(seq)
+        hits = self.prefix_hits(seq) if hits is None else hits
+        if not self.can_allocate(seq, hits): raise RuntimeError(f"allocate: not enough free blocks for {seq!r}")
         for b in hits: self._take(b)
         seq.block_table = hits + [self._take_free() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
         seq.block_hashes = [self.blocks[b].hash for b in hits]

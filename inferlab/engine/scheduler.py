@@ -86,12 +86,12 @@ class Scheduler:
         # 2. waiting sequences, unless this step had to preempt (memory is tight: admit nothing new)
         while self.waiting and not preempted and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
-            if not bm.can_allocate(seq): break
-            if not cfg.enable_chunked_prefill:
-                hit = len(bm.prefix_hits(seq)) * bm.block_size
-                if seq.num_tokens - hit > budget: break          # the whole prompt must fit this step
+            hits = bm.prefix_hits(seq)                            # hashed once, used by the check and the action
+            if not bm.can_allocate(seq, hits): break
+            if not cfg.enable_chunked_prefill and seq.num_tokens - len(hits) * bm.block_size > budget:
+                break                                             # the whole prompt must fit this step
             self.waiting.popleft()
-            bm.allocate(seq)
+            bm.allocate(seq, hits)
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None: seq.first_scheduled_time = time.perf_counter()
             if cfg.policy == "priority": self._insort(self.running, seq)

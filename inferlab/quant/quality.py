@@ -11,13 +11,14 @@ import torch
 import torch.nn as nn
 from ..config import ModelConfig, num_params
 from ..model import CausalLM
+from ..bench import llama_100m_config, random_model   # the ~100M config of chapter 18
 from ..generate import KVCache
 from .quantize import QuantRecipe, QuantLinear, quantize, weight_memory_bytes
 
 # %% auto #0
 __all__ = ['BENCH_VARIANTS', 'eval_windows', 'logits_of', 'kl_per_position', 'kl_stats', 'nll_from_logits', 'perplexity',
-           'compare', 'quantized_bits_per_element', 'benchmark_config', 'random_model', 'recipe_columns',
-           'quality_table', 'format_quality_table', 'quant_decode_benchmark', 'format_benchmark']
+           'compare', 'quantized_bits_per_element', 'recipe_columns', 'quality_table', 'format_quality_table',
+           'quant_decode_benchmark', 'format_benchmark']
 
 # %% ../../nbs/25_quality.ipynb #a1f41c49
 def eval_windows(token_ids, seq_len: int = 512, max_rows: int | None = None) -> torch.Tensor:
@@ -80,18 +81,6 @@ def quantized_bits_per_element(model: nn.Module) -> float:
     return 8 * nbytes / sum(m.in_features * m.out_features for m in qs)
 
 # %% ../../nbs/25_quality.ipynb #5c063bef
-def benchmark_config() -> ModelConfig:
-    "A Llama-shaped ~100M-parameter config (random weights: for memory and speed figures, not quality)."
-    return ModelConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-                       intermediate_size=2048, vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=4096)
-
-def random_model(cfg: ModelConfig, seed: int = 0, device="cpu") -> CausalLM:
-    "`CausalLM(cfg)` with PyTorch's default initialisation under a fixed seed (the global RNG is left as it was)."
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with torch.device(device): m = CausalLM(cfg)
-    return m.eval().requires_grad_(False)
-
 def recipe_columns(r: QuantRecipe | None) -> dict:
     "The table's descriptive columns for a recipe (None: the unquantized model)."
     if r is None: return dict(format="fp32", granularity="-", component="-", method="-")
@@ -153,10 +142,10 @@ BENCH_VARIANTS = (("fp32", None, torch.float32, True), ("bf16", None, torch.bflo
 def quant_decode_benchmark(cfg: ModelConfig | None = None, steps: int = 32, prompt_len: int = 16, seed: int = 0,
                            variants=BENCH_VARIANTS, rounds: int = 4, threads: int | None = None, verbose: bool = True) -> list[dict]:
     """Weight memory and batch-1 decode tokens/s of each (name, weight format, activation dtype, CPU kernel on?)
-    variant of one random-weight model (default: `benchmark_config()`), from one run, with ratios to the first row.
+    variant of one random-weight model (default: `llama_100m_config()`), from one run, with ratios to the first row.
     W8/W4 quantize every linear layer, lm_head included; the tied embedding stays in the activation dtype.
     The variants take turns (`rounds` rounds of `steps / rounds` tokens each); the time per token is the median step."""
-    cfg, old_threads = cfg or benchmark_config(), torch.get_num_threads()
+    cfg, old_threads = cfg or llama_100m_config(), torch.get_num_threads()
     if threads: torch.set_num_threads(threads)
     try:
         base, models = random_model(cfg, seed), []
