@@ -119,8 +119,9 @@ def _causal_window_mask(q_pos, k_pos, window):
     return ok & (rel < window) if window else ok
 
 def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                            window: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
-    "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` over paged KV (torch, any device)."
+                            window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
+    """Causal attention of packed queries `[num_tokens, q_heads, head_dim]` over paged KV (torch, any device).
+    `k_new`/`v_new` (packed like `q`): this step's keys and values in full precision, used instead of their cached codes."""
     out = torch.empty_like(q)
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     for i, L in enumerate(lens):
@@ -128,6 +129,7 @@ def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq
         if e == s: continue
         k, v = gather_kv(k_cache, block_tables[i], L).float(), gather_kv(v_cache, block_tables[i], L).float()
         if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]     # dequantize on read
+        if k_new is not None: k[L - (e - s):], v[L - (e - s):] = k_new[s:e].float(), v_new[s:e].float()
         k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]                     # [1, kv_heads, L, head_dim]
         qi = q[s:e].float().transpose(0, 1)[None]                                   # [1, q_heads, n, head_dim]
         mask = _causal_window_mask(torch.arange(L - (e - s), L, device=q.device), torch.arange(L, device=q.device),
@@ -172,8 +174,10 @@ def decode_plan(block_tables, seq_lens, block_size: int, window: int | None = No
     return plans
 
 def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: float,
-                           window: int | None = None, plan=None, k_scale=None, v_scale=None) -> torch.Tensor:
-    "One query per sequence `[B, q_heads, head_dim]` at position seq_lens-1, over paged KV; no loop over B."
+                           window: int | None = None, plan=None, k_scale=None, v_scale=None,
+                           k_new=None, v_new=None) -> torch.Tensor:
+    """One query per sequence `[B, q_heads, head_dim]` at position seq_lens-1, over paged KV; no loop over B.
+    `k_new`/`v_new` `[B, kv_heads, head_dim]`: the keys and values of position seq_lens-1 in full precision."""
     B, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
     if B == 0: return torch.empty_like(q)
@@ -185,6 +189,10 @@ def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: f
         k = k_cache.index_select(0, blocks).view(g, -1, n_kv, head_dim).float()   # [g, S, kv_heads, head_dim]
         v = v_cache.index_select(0, blocks).view(g, -1, n_kv, head_dim).float()
         if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]   # dequantize on read
+        if k_new is not None:                                                  # each row's own key: its last valid slot
+            i, last = torch.arange(g, device=k.device), valid.shape[1] - 1 - valid.flip(1).int().argmax(1)
+            k[i, last] = (k_new if rows is None else k_new[rows]).float()
+            v[i, last] = (v_new if rows is None else v_new[rows]).float()
         o = torch.nn.functional.scaled_dot_product_attention(
             qg.float()[:, :, None], k.transpose(1, 2), v.transpose(1, 2),     # [g, heads, 1 | S, head_dim]
             attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)  # mask [g, 1, 1, S]
@@ -490,14 +498,16 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_sc
     else: store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                  window: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
+                  window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
     "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` (the last tokens of each sequence)."
     if _use_triton(q) and k_scale is None:   # the Triton kernels read unquantized caches
         return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window)
-    return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window, k_scale, v_scale)
+    return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
+                                   k_scale, v_scale, k_new, v_new)
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
-                 plan=None, k_scale=None, v_scale=None) -> torch.Tensor:
+                 plan=None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
     "Attention of one query per sequence `[B, q_heads, head_dim]` at position seq_lens-1 (`plan`: see `decode_plan`)."
     if _use_triton(q) and k_scale is None: return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale)
+    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale,
+                                  k_new, v_new)

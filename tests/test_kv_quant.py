@@ -40,10 +40,55 @@ def test_kv_cache_quantized(model, prompts, kv):
     print(f"\n{kv}: {e1.block_manager.num_blocks} blocks vs {e0.block_manager.num_blocks} in float32 ({gain:.3f}x, "
           f"ideal 4x; bytes per block with scales {bytes_ratio:.3f}x smaller); greedy agreement {agree:.1%} over {len(prompts)} prompts")
     assert gain >= 0.95 * 4 and bytes_ratio >= 0.95 * 4
-    # Issue 4 asks for >= 90%. int8 (per-head scales) meets it; fp8 E4M3 (3 mantissa bits) measures ~89% on this
-    # model and prompt set: the guard below catches regressions, the gap is reported in the issue.
-    assert agree >= (0.90 if kv == "int8" else 0.85)
+    assert agree >= 0.90                        # issue 4: greedy outputs agree on at least 90% of tokens
     assert e1.block_manager.num_free_blocks == e1.block_manager.num_blocks
+
+def _quantized_pool(pb, dtype=torch.float8_e4m3fn):
+    "The batch's pool as 8-bit codes with one scale per KV head, and the dequantized keys/values each sequence sees."
+    from inferlab.paged_attention import kv_quantize, gather_kv
+    nb, bs, h, d = pb.k_cache.shape
+    ks = pb.k_cache.abs().amax(dim=(0, 1, 3)) * 2 / 448; vs = pb.v_cache.abs().amax(dim=(0, 1, 3)) * 2 / 448
+    kc = kv_quantize(pb.k_cache.view(-1, h, d), ks, dtype).view(nb, bs, h, d)
+    vc = kv_quantize(pb.v_cache.view(-1, h, d), vs, dtype).view(nb, bs, h, d)
+    deq = [(gather_kv(kc, pb.block_tables[i], len(k)).float() * ks[:, None],
+            gather_kv(vc, pb.block_tables[i], len(k)).float() * vs[:, None]) for i, k in enumerate(pb.k_dense)]
+    return kc, vc, ks, vs, deq
+
+def test_fresh_tokens_attend_in_full_precision():
+    "With a quantized cache, a step's own tokens use their full-precision keys/values; earlier ones the codes."
+    from inferlab.paged_attention import (make_paged_batch, paged_prefill_reference, paged_decode_reference)
+    from inferlab.layers import attention_mask, sdpa_reference
+    pb = make_paged_batch([20, 37, 3], q_lens=[5, 37, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, seed=3)
+    kc, vc, ks, vs, deq = _quantized_pool(pb)
+    cu = pb.cu_seqlens_q.tolist()
+    k_new = torch.cat([k[len(k) - (cu[i + 1] - cu[i]):] for i, k in enumerate(pb.k_dense)])    # packed like q
+    v_new = torch.cat([v[len(v) - (cu[i + 1] - cu[i]):] for i, v in enumerate(pb.v_dense)])
+    def expected(i, fresh):   # dense attention over dequantized prefix + (fresh or dequantized) new tokens
+        k, v = (t.clone() for t in deq[i]); n, L = cu[i + 1] - cu[i], len(k)
+        if fresh: k[L - n:], v[L - n:] = pb.k_dense[i][L - n:], pb.v_dense[i][L - n:]
+        mask = attention_mask(torch.arange(L - n, L), torch.arange(L), None)
+        return sdpa_reference(pb.q[None, cu[i]:cu[i + 1]], k[None], v[None], mask, 32 ** -0.5)[0]
+    exact = lambda i: sdpa_reference(pb.q[None, cu[i]:cu[i + 1]], pb.k_dense[i][None], pb.v_dense[i][None],
+                                     attention_mask(torch.arange(len(pb.k_dense[i]) - (cu[i + 1] - cu[i]), len(pb.k_dense[i])),
+                                                    torch.arange(len(pb.k_dense[i])), None), 32 ** -0.5)[0]
+    args = (kc, vc, pb.block_tables, pb.cu_seqlens_q, pb.seq_lens, 32 ** -0.5, None, ks, vs)
+    fresh, codes = paged_prefill_reference(pb.q, *args, k_new, v_new), paged_prefill_reference(pb.q, *args)
+    for i in range(3):
+        s, e = cu[i], cu[i + 1]
+        assert (fresh[s:e] - expected(i, True)).abs().max() < 1e-5
+        assert (codes[s:e] - expected(i, False)).abs().max() < 1e-5
+    assert (fresh[cu[1]:cu[2]] - exact(1)).abs().max() < 1e-5            # no cached prefix: exact attention
+    assert (codes[cu[1]:cu[2]] - exact(1)).abs().max() > 1e-3            # ...which reading the codes is not
+    # decode: one query per sequence at its last position; its own key is the fresh one
+    last = torch.tensor([cu[i + 1] - 1 for i in range(3)])
+    dq, dk, dv = pb.q[last], k_new[last], v_new[last]
+    dargs = (kc, vc, pb.block_tables, pb.seq_lens, 32 ** -0.5, None, None, ks, vs)
+    out = paged_decode_reference(dq, *dargs, dk, dv)
+    for i in range(3):
+        k, v = (t.clone() for t in deq[i]); k[-1], v[-1] = pb.k_dense[i][-1], pb.v_dense[i][-1]
+        ref = sdpa_reference(dq[None, i:i + 1], k[None], v[None], torch.ones(1, len(k), dtype=torch.bool), 32 ** -0.5)[0]
+        assert (out[i] - ref[0]).abs().max() < 1e-5
+    assert (paged_decode_reference(dq, *dargs) - out).abs().max() > 1e-4       # the codes alone differ
 
 def test_bad_quantization_settings():
     with pytest.raises(ValueError, match="kv_cache_dtype"): EngineConfig(kv_cache_dtype="fp4")

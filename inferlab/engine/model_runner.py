@@ -81,15 +81,18 @@ class AttentionContext:
         ks, vs = self.cache.scales(layer)
         store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)   # first write: a prefill attends to its own tokens
         P, parts = m.num_prefill_tokens, []
+        fresh = ks is not None          # quantized cache: this step's own tokens are attended in full precision
         if P: parts.append(paged_prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
-                                         m.prefill_seq_lens, scale, window, ks, vs))
+                                         m.prefill_seq_lens, scale, window, ks, vs,
+                                         *((k[0, :P], v[0, :P]) if fresh else ())))
         if q.shape[1] > P:
             plan = None
             if not q.is_cuda:
                 plan = self.plans.get(window)
                 if plan is None:
                     plan = self.plans[window] = decode_plan(m.decode_block_tables, m.decode_seq_lens, kc.shape[1], window)
-            parts.append(paged_decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan, ks, vs))
+            parts.append(paged_decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan,
+                                      ks, vs, *((k[0, P:], v[0, P:]) if fresh else ())))
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
     def advance(self, n: int): pass   # the contiguous cache's hook; positions here come from the metadata
