@@ -16,13 +16,14 @@ from .engine.llm_engine import LLMEngine, EngineConfig
 
 # %% auto #0
 __all__ = ['memory_bandwidth', 'llama_100m_config', 'random_model', 'hf_twin', 'make_workload', 'hf_offline', 'inferlab_offline',
-           'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'ttft_shared_prefix',
+           'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'median_mbu', 'ttft_shared_prefix',
            'decode_bytes_per_token', 'run_bench', 'main']
 
 # %% ../nbs/18_bench.ipynb #0f68d762
-def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    "Read bandwidth in GB/s: best of `repeats` sums over a `nbytes` float32 tensor (on CPU, or on the GPU if given)."
-    a = torch.ones(nbytes // 4)
+def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, buffer: torch.Tensor | None = None) -> float:
+    "Read bandwidth in GB/s: best of `repeats` sums over a `nbytes` float32 tensor (or over `buffer`, reused)."
+    a = torch.ones(nbytes // 4) if buffer is None else buffer
+    nbytes = a.numel() * a.element_size()
     a.sum()
     best = math.inf
     for _ in range(repeats):
@@ -109,12 +110,25 @@ def inferlab_decode_rate(engine: LLMEngine, prompt: list[int], n: int = 128) -> 
     run(4)
     return n / (min(run(n + 1) for _ in range(2)) - min(run(1) for _ in range(3)))
 
-def paired_decode_rates(hf, model, prompt: list[int], n: int = 128, rounds: int = 3) -> tuple[float, float]:
-    "Median batch-1 decode tokens/s of HF and inferlab over `rounds` alternating runs (machine noise hits both)."
-    hs, ours = [], []
+def paired_decode_rates(hf, model, prompt: list[int], n: int = 128, rounds: int = 5,
+                        bandwidth_buffer: torch.Tensor | None = None) -> dict:
+    """Batch-1 decode tokens/s of HF and inferlab over `rounds` alternating runs, so that machine noise hits both:
+    per-round lists `hf`, `ours`. With `bandwidth_buffer`, the read bandwidth is measured before, between and after
+    each round's two runs, and `bw_hf[i]`, `bw_ours[i]` (GB/s) are the means of the measurements either side of
+    that run: MBU then divides each rate by the bandwidth of its own moment."""
+    r = dict(hf=[], ours=[], bw_hf=[], bw_ours=[])
+    probe = None if bandwidth_buffer is None else (lambda: memory_bandwidth(buffer=bandwidth_buffer))
     for _ in range(rounds):
-        hs.append(hf_decode_rate(hf, prompt, n)); ours.append(inferlab_decode_rate(LLMEngine(model, None), prompt, n))
-    return statistics.median(hs), statistics.median(ours)
+        b0 = probe() if probe else None
+        r["hf"].append(hf_decode_rate(hf, prompt, n))
+        b1 = probe() if probe else None
+        r["ours"].append(inferlab_decode_rate(LLMEngine(model, None), prompt, n))
+        if probe: b2 = probe(); r["bw_hf"].append((b0 + b1) / 2); r["bw_ours"].append((b1 + b2) / 2)
+    return r
+
+def median_mbu(rates: list[float], bandwidths: list[float], bytes_per_token: int) -> float:
+    "Median over rounds of (tokens/s x bytes per token) / bandwidth of that round, in percent."
+    return statistics.median(100 * r * bytes_per_token / 1e9 / b for r, b in zip(rates, bandwidths))
 
 def ttft_shared_prefix(model, prefix_len: int = 1000, suffix_len: int = 16, trials: int = 3,
                        prefix_caching: bool = True, seed: int = 0) -> float:
@@ -148,7 +162,8 @@ def run_bench(n_requests: int = 128, batch_sizes=(16, 32, 64), decode_tokens: in
     def row(metric, peer, ours, ratio, unit, note=""):
         rows.append(dict(metric=metric, peer=peer, ours=ours, ratio=ratio, unit=unit, note=note))
         log(f"  {metric:<46s} {peer:>10.1f} {ours:>10.1f} {ratio:>7.2f}x  {unit} {note}")
-    bw = memory_bandwidth()
+    probe = torch.ones(512 * 2**20 // 4)                 # one buffer for every bandwidth measurement
+    bw = memory_bandwidth(buffer=probe)
     log(f"memory read bandwidth: {bw:.1f} GB/s; torch {torch.__version__}, {torch.get_num_threads()} threads")
     log(f"  {'metric':<46s} {'HF':>10s} {'inferlab':>10s} {'ratio':>8s}")
     tiny = load_model(shipped_model_path("tiny-dense"), dtype=torch.float32)
@@ -161,17 +176,22 @@ def run_bench(n_requests: int = 128, batch_sizes=(16, 32, 64), decode_tokens: in
     row(f"offline throughput, {n_requests} reqs (HF best batch {best})", out_tokens / hf_times[best],
         out_tokens / ours_t, hf_times[best] / ours_t, "output tok/s", "tiny-dense")
     prompt = work[0][0][:32]
-    hr, orate = paired_decode_rates(hf, tiny, prompt, decode_tokens)
-    row("batch-1 decode (median of 3)", hr, orate, orate / hr, "tok/s", "tiny-dense")
+    r = paired_decode_rates(hf, tiny, prompt, decode_tokens)
+    hr, orate = statistics.median(r["hf"]), statistics.median(r["ours"])
+    row(f"batch-1 decode (median of {len(r['hf'])})", hr, orate, orate / hr, "tok/s", "tiny-dense")
     off = ttft_shared_prefix(tiny, prefix_caching=False); on = ttft_shared_prefix(tiny, prefix_caching=True)
     row("TTFT, shared 1000-token prefix: cache off / on", off * 1e3, on * 1e3, off / on, "ms", "tiny-dense (inferlab both)")
     big = random_model(llama_100m_config(), seed)
     hf_big = hf_twin(big)
-    hr, orate = paired_decode_rates(hf_big, big, prompt, 64)
-    row("batch-1 decode, Llama ~100M (median of 3)", hr, orate, orate / hr, "tok/s", f"{sum(p.numel() for p in big.parameters())/1e6:.0f}M params")
+    r = paired_decode_rates(hf_big, big, prompt, 64, bandwidth_buffer=probe)
+    hr, orate = statistics.median(r["hf"]), statistics.median(r["ours"])
+    row(f"batch-1 decode, Llama ~100M (median of {len(r['hf'])})", hr, orate, orate / hr, "tok/s",
+        f"{sum(p.numel() for p in big.parameters())/1e6:.0f}M params")
     nbytes = decode_bytes_per_token(big, len(prompt) + 32)
-    row("MBU at batch 1, Llama ~100M", 100 * hr * nbytes / 1e9 / bw, 100 * orate * nbytes / 1e9 / bw,
-        orate / hr, "% of roofline", f"{nbytes/1e6:.0f} MB/token, roofline {bw*1e9/nbytes:.1f} tok/s")
+    h_mbu, o_mbu = median_mbu(r["hf"], r["bw_hf"], nbytes), median_mbu(r["ours"], r["bw_ours"], nbytes)
+    bws = r["bw_hf"] + r["bw_ours"]
+    row("MBU at batch 1, Llama ~100M (median of rounds)", h_mbu, o_mbu, o_mbu / h_mbu, "% of roofline",
+        f"{nbytes/1e6:.0f} MB/token; bandwidth {min(bws):.1f}-{max(bws):.1f} GB/s during the rounds")
     return rows
 
 def main(argv=None):
