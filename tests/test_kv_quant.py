@@ -22,12 +22,13 @@ def prompts():
         n = rng.randint(8, 80); s = rng.randrange(0, len(ids) - n); out.append(ids[s:s + n])
     return out
 
-def run(model, prompts, **cfg):
-    eng = LLMEngine(model, None, EngineConfig(**cfg))
-    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+def run_engine(eng, prompts, max_tokens=16):
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     rids = [eng.add_request(p, sp) for p in prompts]
     while eng.has_unfinished(): eng.step()
     return [eng.requests[r].output_token_ids for r in rids], eng
+
+def run(model, prompts, **cfg): return run_engine(LLMEngine(model, None, EngineConfig(**cfg)), prompts)
 
 @pytest.mark.parametrize("kv", ["fp8", "int8"])
 def test_kv_cache_quantized(model, prompts, kv):
@@ -89,6 +90,21 @@ def test_fresh_tokens_attend_in_full_precision():
         ref = sdpa_reference(dq[None, i:i + 1], k[None], v[None], torch.ones(1, len(k), dtype=torch.bool), 32 ** -0.5)[0]
         assert (out[i] - ref[0]).abs().max() < 1e-5
     assert (paged_decode_reference(dq, *dargs) - out).abs().max() > 1e-4       # the codes alone differ
+
+def test_fp8_block_gain_over_bfloat16(model):
+    "Against a bfloat16 cache the ideal gain is 2x: the same budget, twice the blocks, scales included."
+    import copy
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    e0 = LLMEngine(bf16, None, EngineConfig(kv_cache_memory=2**24))
+    e1 = LLMEngine(bf16, None, EngineConfig(kv_cache_memory=2**24, kv_cache_dtype="fp8"))
+    per_block = lambda e: e.runner.kv_cache.nbytes() / e.block_manager.num_blocks
+    gain, bytes_ratio = e1.block_manager.num_blocks / e0.block_manager.num_blocks, per_block(e0) / per_block(e1)
+    print(f"\nfp8 over bfloat16: {e1.block_manager.num_blocks} blocks vs {e0.block_manager.num_blocks} ({gain:.3f}x, ideal 2x; "
+          f"bytes per block with scales {bytes_ratio:.3f}x smaller)")
+    assert gain >= 0.95 * 2 and bytes_ratio >= 0.95 * 2
+    for e in (e0, e1):                                  # a bfloat16 model runs on CPU too (torch path, no NumPy)
+        out, _ = run_engine(e, [[5, 6, 7, 8], list(range(9, 40))], max_tokens=6)
+        assert [len(o) for o in out] == [6, 6] and e.block_manager.num_free_blocks == e.block_manager.num_blocks
 
 def test_bad_quantization_settings():
     with pytest.raises(ValueError, match="kv_cache_dtype"): EngineConfig(kv_cache_dtype="fp4")

@@ -64,7 +64,7 @@ def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headro
     "Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with a contiguous cache."
     qmax = 127.0 if kv_cache_dtype == "int8" else 448.0
     headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)   # fp8 has range to spare; int8 has steps to lose
-    cache = KVCache(model.config, 1, len(token_ids), torch.float32, model.device)
+    cache = KVCache(model.config, 1, len(token_ids), model.dtype, model.device)
     model.hidden_states(torch.tensor([token_ids], device=model.device), kv_cache=cache)
     scale = lambda t: (t.abs().amax(dim=(0, 1, 3)).float() * headroom / qmax).clamp(min=1e-8)   # [kv_heads]
     return [scale(k) for k in cache.k], [scale(v) for v in cache.v]
@@ -128,7 +128,8 @@ class KMajorLinear(nn.Module):
         super().__init__()
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)   # [in, out]
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self.weight_np = self.weight_t.detach().numpy() if self.weight_t.device.type == "cpu" else None   # same memory
+        cpu_f32 = self.weight_t.device.type == "cpu" and self.weight_t.dtype == torch.float32   # NumPy has no bfloat16
+        self.weight_np = self.weight_t.detach().numpy() if cpu_f32 else None                  # same memory
         self.use_numpy = False                  # set by the runner for decode-sized steps on CPU
 
     @property
