@@ -23,6 +23,7 @@ def decode_step_both_ways(eng):
     for t, s in zip(cache.k + cache.v, saved): t.copy_(s)
     h_np = eng.runner.numpy_decoder(ids, pos, meta)
     kv_err = max((a - b).abs().max().item() for a, b in zip(kv_torch, cache.k + cache.v))
+    eng.runner.restore_threads()                  # the engine is left mid-request: give torch its threads back
     return h_torch, h_np, kv_err
 
 def engine_in_decode(model, prompts, **cfg):
