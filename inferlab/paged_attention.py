@@ -256,6 +256,12 @@ class _LazyKernel:
 
 def _next_pow2(x: int) -> int: return 1 << max(0, int(x) - 1).bit_length()
 
+def _quant_args(q, k_scale, v_scale, k_new, v_new) -> tuple:
+    "Scale and fresh-K/V pointers for the kernels; `q` stands in for the ones a call does not use (never read)."
+    return tuple(q if t is None else t for t in (k_scale, v_scale, k_new, v_new))
+
+def _strides3(t) -> tuple: return (0, 0, 0) if t is None else t.stride()
+
 def _dot_dtype(q: torch.Tensor):
     "The dtype of the tiles fed to `tl.dot`: the queries' (bf16 goes to fp32 in the interpreter, see above)."
     if q.dtype == torch.bfloat16 and interpreter_ready(): return tl.float32
@@ -295,12 +301,14 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
 # %% ../nbs/13_paged_attention.ipynb #d37f8e9c
 def _paged_decode_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, qk_scale, window,
+        ks_ptr, vs_ptr, kn_ptr, vn_ptr,
         stride_qb, stride_qh, stride_qd,
         stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
         stride_btb, stride_btn, stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
+        stride_knb, stride_knh, stride_knd, stride_vnb, stride_vnh, stride_vnd,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        DOT_DTYPE: tl.constexpr):
+        DOT_DTYPE: tl.constexpr, QUANT: tl.constexpr, FRESH: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     L = tl.load(lens_ptr + b).to(tl.int32)
     start = L * 0                                              # first key position this query may read
@@ -319,6 +327,13 @@ def _paged_decode_kernel(
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :] * stride_qd, mask=q_mask,
                 other=0.0).to(DOT_DTYPE)
 
+    if QUANT:                                                  # 8-bit blocks: one scale per KV head
+        k_scale = tl.load(ks_ptr + kvh)
+        v_scale = tl.load(vs_ptr + kvh)
+    if FRESH:                                                  # this step's own key/value, full precision
+        k_new = tl.load(kn_ptr + b * stride_knb + kvh * stride_knh + d * stride_knd, mask=d < HEAD_DIM, other=0.0)
+        v_new = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + d * stride_vnd, mask=d < HEAD_DIM, other=0.0)
+
     m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)              # running max (log2 units)
     l_i = tl.zeros([BLOCK_G], tl.float32)                      # running sum of 2^(s - m)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)             # running sum of 2^(s - m) v
@@ -330,6 +345,10 @@ def _paged_decode_kernel(
         kv_mask = ok[:, None] & (d[None, :] < HEAD_DIM)
         k = tl.load(kc_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh
                     + d[None, :] * stride_kd, mask=kv_mask, other=0.0)             # [BLOCK_N, BLOCK_D]
+        if QUANT:
+            k = k.to(tl.float32) * k_scale                     # dequantize on read
+        if FRESH:
+            k = tl.where((n == L - 1)[:, None], k_new.to(tl.float32)[None, :], k.to(tl.float32))
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_G, BLOCK_N]
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -338,6 +357,10 @@ def _paged_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
                     + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if QUANT:
+            v = v.to(tl.float32) * v_scale
+        if FRESH:
+            v = tl.where((n == L - 1)[:, None], v_new.to(tl.float32)[None, :], v.to(tl.float32))
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
         m_i = m_new
 
@@ -381,7 +404,8 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_len: int, device) -> in
     want = -(-2 * _SM_COUNT[device] // max(1, batch * num_kv_heads))
     return max(1, min(want, max_len // 256, 16))
 
-def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None, *,
+def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
+                        k_scale=None, v_scale=None, k_new=None, v_new=None, *,
                         num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
     "`paged_decode_reference` as a Triton kernel (CUDA tensors; CPU tensors run in the interpreter)."
     B, n_heads, head_dim = q.shape
@@ -400,10 +424,12 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: floa
         dst_strides, lse_strides = (out.stride(0), out.stride(1), 0, out.stride(2)), (0, 0)
     _paged_decode.on(q.device)[(B, n_kv, splits)](
         q, k_cache, v_cache, block_tables, seq_lens, dst, lse, scale * 1.4426950408889634, int(window or 0),
+        *_quant_args(q, k_scale, v_scale, k_new, v_new),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *dst_strides, *lse_strides,
+        *_strides3(k_new), *_strides3(v_new),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=bool(window), NUM_SPLITS=splits,
         BLOCK_G=max(16, _next_pow2(group)), BLOCK_D=max(16, _next_pow2(head_dim)), BLOCK_N=block_n,
-        DOT_DTYPE=_dot_dtype(q))
+        DOT_DTYPE=_dot_dtype(q), QUANT=k_scale is not None, FRESH=k_new is not None)
     if splits > 1:
         _combine_splits.on(q.device)[(B, n_heads)](
             part, lse, out, *part.stride(), *lse.stride()[:2], *out.stride(),
@@ -413,11 +439,14 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: floa
 # %% ../nbs/13_paged_attention.ipynb #b8cf3f68
 def _paged_prefill_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, qk_scale, window,
+        ks_ptr, vs_ptr, kn_ptr, vn_ptr,
         stride_qt, stride_qh, stride_qd,
         stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
         stride_btb, stride_btn, stride_ot, stride_oh, stride_od,
+        stride_knt, stride_knh, stride_knd, stride_vnt, stride_vnh, stride_vnd,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        QUANT: tl.constexpr, FRESH: tl.constexpr):
     mt, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_ptr + b).to(tl.int32)
     n_q = tl.load(cu_ptr + b + 1).to(tl.int32) - q_start       # this sequence's query tokens
@@ -438,6 +467,10 @@ def _paged_prefill_kernel(
     if HAS_WINDOW:
         lo = (tl.maximum(L - n_q + mt * BLOCK_M - window + 1, 0) // BLOCK_N) * BLOCK_N
 
+    if QUANT:
+        k_scale = tl.load(ks_ptr + kvh)
+        v_scale = tl.load(vs_ptr + kvh)
+
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -449,6 +482,15 @@ def _paged_prefill_kernel(
         kv_mask = kv_ok[:, None] & (d[None, :] < HEAD_DIM)
         k = tl.load(kc_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh
                     + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        if QUANT:
+            k = k.to(tl.float32) * k_scale
+        if FRESH:                                              # positions >= L - n_q are this step's tokens
+            new = kv_ok & (n >= L - n_q)
+            row = q_start + n - (L - n_q)                      # their packed rows in k_new / v_new
+            new_mask = new[:, None] & (d[None, :] < HEAD_DIM)
+            k_new = tl.load(kn_ptr + row[:, None] * stride_knt + kvh * stride_knh + d[None, :] * stride_knd,
+                            mask=new_mask, other=0.0)
+            k = tl.where(new[:, None], k_new.to(tl.float32), k.to(tl.float32))
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_M, BLOCK_N]
         rel = q_pos[:, None] - n[None, :]                      # how far back each key is from each query
         ok = row_ok[:, None] & kv_ok[None, :] & (rel >= 0)
@@ -461,6 +503,12 @@ def _paged_prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
                     + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if QUANT:
+            v = v.to(tl.float32) * v_scale
+        if FRESH:
+            v_new = tl.load(vn_ptr + row[:, None] * stride_vnt + kvh * stride_vnh + d[None, :] * stride_vnd,
+                            mask=new_mask, other=0.0)
+            v = tl.where(new[:, None], v_new.to(tl.float32), v.to(tl.float32))
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
         m_i = m_new
 
@@ -471,8 +519,9 @@ def _paged_prefill_kernel(
 _paged_prefill = _LazyKernel(_paged_prefill_kernel)
 
 def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                         window: int | None = None, *, max_seqlen_q: int | None = None,
-                         block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                         window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None, *,
+                         max_seqlen_q: int | None = None, block_m: int | None = None,
+                         block_n: int | None = None) -> torch.Tensor:
     "`paged_prefill_reference` as a Triton kernel (CUDA tensors; CPU tensors run in the interpreter)."
     num_tokens, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
@@ -484,9 +533,12 @@ def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_le
     block_n = block_n or 64
     _paged_prefill.on(q.device)[(triton.cdiv(max_seqlen_q, block_m), B, n_heads)](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale * 1.4426950408889634,
-        int(window or 0), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        int(window or 0), *_quant_args(q, k_scale, v_scale, k_new, v_new),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        *_strides3(k_new), *_strides3(v_new),
         GROUP=n_heads // n_kv, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=bool(window),
-        BLOCK_M=block_m, BLOCK_D=max(16, _next_pow2(head_dim)), BLOCK_N=block_n, DOT_DTYPE=_dot_dtype(q))
+        BLOCK_M=block_m, BLOCK_D=max(16, _next_pow2(head_dim)), BLOCK_N=block_n, DOT_DTYPE=_dot_dtype(q),
+        QUANT=k_scale is not None, FRESH=k_new is not None)
     return out
 
 # %% ../nbs/13_paged_attention.ipynb #93db75f7
@@ -500,14 +552,16 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_sc
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
                   window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
     "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` (the last tokens of each sequence)."
-    if _use_triton(q) and k_scale is None:   # the Triton kernels read unquantized caches
-        return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window)
+    if _use_triton(q):
+        return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
+                                    k_scale, v_scale, k_new, v_new)
     return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
                                    k_scale, v_scale, k_new, v_new)
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
                  plan=None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
     "Attention of one query per sequence `[B, q_heads, head_dim]` at position seq_lens-1 (`plan`: see `decode_plan`)."
-    if _use_triton(q) and k_scale is None: return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+    if _use_triton(q):
+        return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window, k_scale, v_scale, k_new, v_new)
     return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale,
                                   k_new, v_new)

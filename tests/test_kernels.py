@@ -189,7 +189,7 @@ def test_gpu_check_smoke(capsys):
     assert set(gc.CHECKS) >= {"store_kv", "decode", "prefill"}
     assert gc.main(["--interpret-smoke"]) == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and out.count("PASS") == 34 and "GB/s" in out and "TFLOP/s" in out
+    assert "FAIL" not in out and out.count("PASS") == 36 and "GB/s" in out and "TFLOP/s" in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the script would run for real")
@@ -209,3 +209,48 @@ def test_decode_reference_grouping_matches_one_group():
     a = paged_decode_reference(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 0.17, plan=grouped)
     c = paged_decode_reference(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 0.17, plan=one)
     assert (a - c).abs().max() < 1e-5
+
+
+# -- quantized KV blocks (fp8 E4M3, int8) with per-head scales, and this step's fresh K/V in full precision ---------
+def quantize_pool(pb, dtype):
+    "The batch's pool as 8-bit codes with one float32 scale per KV head (amax x 2 headroom, as the engine calibrates)."
+    from inferlab.paged_attention import kv_quantize
+    nb, bs, h, d = pb.k_cache.shape
+    qmax = 127.0 if dtype == torch.int8 else 448.0
+    ks = pb.k_cache.abs().amax(dim=(0, 1, 3)) * 2 / qmax; vs = pb.v_cache.abs().amax(dim=(0, 1, 3)) * 2 / qmax
+    kc = kv_quantize(pb.k_cache.view(-1, h, d), ks, dtype).view(nb, bs, h, d)
+    vc = kv_quantize(pb.v_cache.view(-1, h, d), vs, dtype).view(nb, bs, h, d)
+    return kc, vc, ks, vs
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("window,splits", [(None, 1), (None, 2), (9, 1)])
+def test_decode_kernel_quantized_kv(dtype, fresh, window, splits):
+    pb = make_paged_batch([37, 5, 16], [1, 1, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, seed=5)
+    kc, vc, ks, vs = quantize_pool(pb, dtype)
+    last = pb.cu_seqlens_q[1:].long() - 1
+    kn = torch.stack([k[-1] for k in pb.k_dense]) if fresh else None     # [B, kv_heads, head_dim]
+    vn = torch.stack([v[-1] for v in pb.v_dense]) if fresh else None
+    args = (pb.q[last], kc, vc, pb.block_tables, pb.seq_lens, 32 ** -0.5, window, ks, vs, kn, vn)
+    ref = paged_decode_reference(*args[:7], None, *args[7:])
+    out = paged_decode_triton(*args, num_splits=splits, block_n=16)
+    assert (out - ref).abs().max() < TOL
+    if fresh:                                                            # the fresh keys changed something
+        assert (ref - paged_decode_reference(*args[:7], None, ks, vs)).abs().max() > 1e-4
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("window", [None, 6])
+def test_prefill_kernel_quantized_kv(dtype, fresh, window):
+    pb = make_paged_batch([21, 7, 33], [5, 7, 16], num_q_heads=4, num_kv_heads=2, head_dim=32, seed=6)
+    kc, vc, ks, vs = quantize_pool(pb, dtype)
+    cu = pb.cu_seqlens_q.tolist()
+    kn = torch.cat([k[len(k) - (cu[i + 1] - cu[i]):] for i, k in enumerate(pb.k_dense)]) if fresh else None
+    vn = torch.cat([v[len(v) - (cu[i + 1] - cu[i]):] for i, v in enumerate(pb.v_dense)]) if fresh else None
+    args = (pb.q, kc, vc, pb.block_tables, pb.cu_seqlens_q, pb.seq_lens, 32 ** -0.5, window, ks, vs, kn, vn)
+    ref = paged_prefill_reference(*args)
+    out = paged_prefill_triton(*args, block_m=16, block_n=16)
+    assert (out - ref).abs().max() < TOL
+    if fresh: assert (ref - paged_prefill_reference(*args[:10])).abs().max() > 1e-4

@@ -4,6 +4,7 @@
     python tools/gpu_check.py                      # all checks on the first CUDA device (H200 peak: 4800 GB/s)
     python tools/gpu_check.py --peak-gbps 3350     # another GPU's peak memory bandwidth (H100 SXM)
     python tools/gpu_check.py --only decode,store_kv
+    python tools/gpu_check.py --only decode_kv8               # decode over fp8 / int8 KV blocks
     python tools/gpu_check.py --only w4a16,w8a16,w8a8,nvfp4   # the quantized matmuls (chapter 24)
     python tools/gpu_check.py --interpret-smoke    # no GPU: the same code on tiny shapes in Triton's interpreter
 
@@ -172,6 +173,27 @@ def check_decode(ctx: Ctx):
             n_split = splits or decode_num_splits(len(lens), hkv, bt.shape[1] * bs, q.device)
             yield Row("decode", f"{name}, {n_split} split{'s' * (n_split > 1)}", dtype, err, TOL[dtype], ms, ref_ms,
                       gbps=moved / (ms * 1e-3) / 1e9)
+
+
+@check("decode_kv8")
+def check_decode_kv8(ctx: Ctx):
+    "Paged decode over 8-bit KV blocks (fp8 E4M3 needs sm89+, int8 any GPU): codes x per-head scale on read."
+    from inferlab.paged_attention import paged_decode_reference, paged_decode_triton, kv_quantize
+    name, lens, hq, hkv, d, bs, window, splits = decode_cases(ctx)[0]
+    for code in (torch.float8_e4m3fn, torch.int8):
+        q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, torch.bfloat16)
+        qmax = 127.0 if code == torch.int8 else 448.0
+        ks, vs = (t.float().abs().amax(dim=(0, 1, 3)) * 2 / qmax for t in (kc, vc))
+        kq, vq = (kv_quantize(t.view(-1, hkv, d), s, code).view(t.shape) for t, s in ((kc, ks), (vc, vs)))
+        kn, vn = (torch.randn(len(lens), hkv, d, device=ctx.device).to(torch.bfloat16) for _ in range(2))
+        args = (q, kq, vq, bt, sl, d ** -0.5, window, ks, vs, kn, vn)
+        out = paged_decode_triton(*args, num_splits=splits)
+        err = max_err(out, paged_decode_reference(*args[:7], None, *args[7:]))
+        ms = ctx.time_ms(lambda: paged_decode_triton(*args, num_splits=splits))
+        ref_ms = ctx.time_ms(lambda: paged_decode_reference(*args[:7], None, *args[7:]), iters=3)
+        moved = 2 * sum(lens) * hkv * d * 1 + 2 * q.numel() * q.element_size()
+        yield Row("decode_kv8", f"{name}, {str(code).replace('torch.', '')} blocks", torch.bfloat16, err,
+                  TOL[torch.bfloat16], ms, ref_ms, gbps=moved / (ms * 1e-3) / 1e9)
 
 
 def prefill_cases(ctx: Ctx):
