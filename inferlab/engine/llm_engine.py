@@ -207,7 +207,8 @@ class LLMEngine:
         seq.append_token(tok)
         if p.logprobs is not None:
             lp, tops = token_logprobs(logits, tok, p.logprobs); seq.logprobs.append(lp); seq.top_logprobs.append(tops)
-        reason = "stop" if tok in set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids) else None
+        stops = tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids)   # no set built per token
+        reason = "stop" if stops else None
         if reason is None and tk is not None:
             n_before = len(seq.text)
             piece, *offsets = detokenize_incremental(tk, seq.token_ids, *seq.detok_offsets)
