@@ -21,11 +21,11 @@ except ImportError:
     triton = tl = None
 
 # %% auto #0
-__all__ = ['KV_CACHE_DTYPES', 'slots_from_block_table', 'kv_quantize', 'store_kv_reference', 'PagedBatch', 'make_paged_batch',
-           'gather_kv', 'paged_prefill_reference', 'decode_plan', 'paged_decode_reference', 'blocks_read',
-           'attention_intensity', 'decode_kv_bytes', 'online_softmax_attention', 'interpreter_ready', 'store_kv_triton',
-           'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton', 'store_kv', 'paged_prefill',
-           'paged_decode']
+__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'store_kv_reference', 'PagedBatch',
+           'make_paged_batch', 'gather_kv', 'paged_prefill_reference', 'decode_plan', 'paged_decode_reference',
+           'blocks_read', 'attention_intensity', 'decode_kv_bytes', 'online_softmax_attention', 'interpreter_ready',
+           'store_kv_triton', 'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton', 'store_kv',
+           'paged_prefill', 'paged_decode']
 
 # %% ../nbs/13_paged_attention.ipynb #d880b557
 def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -35,12 +35,18 @@ def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, b
 
 # %% ../nbs/13_paged_attention.ipynb #096cd957
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}   # quantized KV blocks
+KV_QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}              # each code's largest magnitude
+
+def kv_scale(x, dtype, headroom: float = 2.0) -> torch.Tensor:
+    "One float32 scale per KV head `[kv_heads]` for keys or values `[..., kv_heads, head_dim]`: amax × headroom / qmax."
+    dims = tuple(i for i in range(x.dim()) if i != x.dim() - 2)          # every axis but the heads
+    return (x.float().abs().amax(dim=dims) * headroom / KV_QMAX[dtype]).clamp(min=1e-8)
 
 def kv_quantize(x, scale, dtype):
     "Keys or values `[tokens, kv_heads, head_dim]` → codes of `dtype`, with one float32 scale per KV head `[kv_heads]`."
-    y = x.float() / scale[:, None]
-    if dtype == torch.int8: return y.round().clamp(-127, 127).to(torch.int8)
-    return y.clamp(-448.0, 448.0).to(dtype)          # saturate: a bare cast turns overflow into NaN
+    y, qmax = x.float() / scale[:, None], KV_QMAX[dtype]
+    if dtype == torch.int8: return y.round().clamp(-qmax, qmax).to(torch.int8)
+    return y.clamp(-qmax, qmax).to(dtype)            # saturate: a bare cast turns overflow into NaN
 
 def _raw(t):
     "Bytes view for data movement: CPU indexing kernels do not all exist for float8."
@@ -299,6 +305,18 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
         BLOCK_H=_next_pow2(n_kv), BLOCK_D=_next_pow2(head_dim))
 
 # %% ../nbs/13_paged_attention.ipynb #d37f8e9c
+def _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE: tl.constexpr):
+    """Fold one tile into the running softmax: scores `s` `[rows, N]` (log2 units, masked keys -inf) and values
+    `v` `[N, D]` update the running max `m_i`, sum `l_i` and weighted sum `acc` (flash-attention's recurrence)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)                               # rescales what was summed under the old max
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
+    return m_new, l_i, acc
+
+_online_softmax_tile = triton.jit(_online_softmax_tile) if triton is not None else None   # called by both kernels
+
 def _paged_decode_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, qk_scale, window,
         ks_ptr, vs_ptr, kn_ptr, vn_ptr,
@@ -351,18 +369,13 @@ def _paged_decode_kernel(
             k = tl.where((n == L - 1)[:, None], k_new.to(tl.float32)[None, :], k.to(tl.float32))
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_G, BLOCK_N]
         s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
                     + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         if QUANT:
             v = v.to(tl.float32) * v_scale
         if FRESH:
             v = tl.where((n == L - 1)[:, None], v_new.to(tl.float32)[None, :], v.to(tl.float32))
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)                       # an empty split (or L = 0) writes zeros
     o = acc / l_safe[:, None]
@@ -497,10 +510,6 @@ def _paged_prefill_kernel(
         if HAS_WINDOW:
             ok = ok & (rel < window)
         s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
                     + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         if QUANT:
@@ -509,8 +518,7 @@ def _paged_prefill_kernel(
             v_new = tl.load(vn_ptr + row[:, None] * stride_vnt + kvh * stride_vnh + d[None, :] * stride_vnd,
                             mask=new_mask, other=0.0)
             v = tl.where(new[:, None], v_new.to(tl.float32), v.to(tl.float32))
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :] * stride_od,

@@ -214,10 +214,9 @@ def test_decode_reference_grouping_matches_one_group():
 # -- quantized KV blocks (fp8 E4M3, int8) with per-head scales, and this step's fresh K/V in full precision ---------
 def quantize_pool(pb, dtype):
     "The batch's pool as 8-bit codes with one float32 scale per KV head (amax x 2 headroom, as the engine calibrates)."
-    from inferlab.paged_attention import kv_quantize
+    from inferlab.paged_attention import kv_quantize, kv_scale
     nb, bs, h, d = pb.k_cache.shape
-    qmax = 127.0 if dtype == torch.int8 else 448.0
-    ks = pb.k_cache.abs().amax(dim=(0, 1, 3)) * 2 / qmax; vs = pb.v_cache.abs().amax(dim=(0, 1, 3)) * 2 / qmax
+    ks, vs = kv_scale(pb.k_cache, dtype), kv_scale(pb.v_cache, dtype)
     kc = kv_quantize(pb.k_cache.view(-1, h, d), ks, dtype).view(nb, bs, h, d)
     vc = kv_quantize(pb.v_cache.view(-1, h, d), vs, dtype).view(nb, bs, h, d)
     return kc, vc, ks, vs

@@ -46,9 +46,9 @@ def test_kv_cache_quantized(model, prompts, kv):
 
 def _quantized_pool(pb, dtype=torch.float8_e4m3fn):
     "The batch's pool as 8-bit codes with one scale per KV head, and the dequantized keys/values each sequence sees."
-    from inferlab.paged_attention import kv_quantize, gather_kv
+    from inferlab.paged_attention import kv_quantize, kv_scale, gather_kv
     nb, bs, h, d = pb.k_cache.shape
-    ks = pb.k_cache.abs().amax(dim=(0, 1, 3)) * 2 / 448; vs = pb.v_cache.abs().amax(dim=(0, 1, 3)) * 2 / 448
+    ks, vs = kv_scale(pb.k_cache, dtype), kv_scale(pb.v_cache, dtype)
     kc = kv_quantize(pb.k_cache.view(-1, h, d), ks, dtype).view(nb, bs, h, d)
     vc = kv_quantize(pb.v_cache.view(-1, h, d), vs, dtype).view(nb, bs, h, d)
     deq = [(gather_kv(kc, pb.block_tables[i], len(k)).float() * ks[:, None],

@@ -178,12 +178,11 @@ def check_decode(ctx: Ctx):
 @check("decode_kv8")
 def check_decode_kv8(ctx: Ctx):
     "Paged decode over 8-bit KV blocks (fp8 E4M3 needs sm89+, int8 any GPU): codes x per-head scale on read."
-    from inferlab.paged_attention import paged_decode_reference, paged_decode_triton, kv_quantize
+    from inferlab.paged_attention import paged_decode_reference, paged_decode_triton, kv_quantize, kv_scale
     name, lens, hq, hkv, d, bs, window, splits = decode_cases(ctx)[0]
     for code in (torch.float8_e4m3fn, torch.int8):
         q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, torch.bfloat16)
-        qmax = 127.0 if code == torch.int8 else 448.0
-        ks, vs = (t.float().abs().amax(dim=(0, 1, 3)) * 2 / qmax for t in (kc, vc))
+        ks, vs = kv_scale(kc, code), kv_scale(vc, code)
         kq, vq = (kv_quantize(t.view(-1, hkv, d), s, code).view(t.shape) for t, s in ((kc, ks), (vc, vs)))
         kn, vn = (torch.randn(len(lens), hkv, d, device=ctx.device).to(torch.bfloat16) for _ in range(2))
         args = (q, kq, vq, bt, sl, d ** -0.5, window, ks, vs, kn, vn)

@@ -15,7 +15,7 @@ from ..layers import Attention, MLP, rope_cos_sin
 import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
-from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, KV_CACHE_DTYPES
+from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, KV_CACHE_DTYPES, kv_scale
 from ..generate import KVCache
 from ..sampling import sample, token_logprobs
 
@@ -62,11 +62,10 @@ class PagedKVCache:
 @torch.inference_mode()
 def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headroom: float | None = None):
     "Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with a contiguous cache."
-    qmax = 127.0 if kv_cache_dtype == "int8" else 448.0
     headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)   # fp8 has range to spare; int8 has steps to lose
     cache = KVCache(model.config, 1, len(token_ids), model.dtype, model.device)
     model.hidden_states(torch.tensor([token_ids], device=model.device), kv_cache=cache)
-    scale = lambda t: (t.abs().amax(dim=(0, 1, 3)).float() * headroom / qmax).clamp(min=1e-8)   # [kv_heads]
+    scale = lambda t: kv_scale(t, KV_CACHE_DTYPES[kv_cache_dtype], headroom)   # [kv_heads]
     return [scale(k) for k in cache.k], [scale(v) for v in cache.v]
 
 class AttentionContext:
@@ -84,7 +83,7 @@ class AttentionContext:
         fresh = ks is not None          # quantized cache: this step's own tokens are attended in full precision
         if P: parts.append(paged_prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
                                          m.prefill_seq_lens, scale, window, ks, vs,
-                                         *((k[0, :P], v[0, :P]) if fresh else ())))
+                                         k_new=k[0, :P] if fresh else None, v_new=v[0, :P] if fresh else None))
         if q.shape[1] > P:
             plan = None
             if not q.is_cuda:
@@ -92,7 +91,7 @@ class AttentionContext:
                 if plan is None:
                     plan = self.plans[window] = decode_plan(m.decode_block_tables, m.decode_seq_lens, kc.shape[1], window)
             parts.append(paged_decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan,
-                                      ks, vs, *((k[0, P:], v[0, P:]) if fresh else ())))
+                                      ks, vs, k_new=k[0, P:] if fresh else None, v_new=v[0, P:] if fresh else None))
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
     def advance(self, n: int): pass   # the contiguous cache's hook; positions here come from the metadata
