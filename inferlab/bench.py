@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/bench.html.md"""
 
 # %% ../nbs/18_bench.ipynb #7bf18a25
 from __future__ import annotations
-import argparse, math, random, statistics, time
+import argparse, math, os, random, statistics, time
 import torch
 from .config import ModelConfig, shipped_model_path
 from .model import CausalLM, load_model, ours_to_hf, config_to_hf
@@ -15,9 +15,11 @@ from .kv_memory import kv_bytes_per_token
 from .engine.llm_engine import LLMEngine, EngineConfig
 
 # %% auto #0
-__all__ = ['memory_bandwidth', 'llama_100m_config', 'random_model', 'hf_twin', 'make_workload', 'hf_offline', 'inferlab_offline',
-           'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'median_mbu', 'ttft_shared_prefix',
-           'decode_bytes_per_token', 'run_bench', 'main']
+__all__ = ['OFFLINE_BATCHES', 'memory_bandwidth', 'llama_100m_config', 'random_model', 'hf_twin', 'make_workload',
+           'corpus_token_ids', 'text_workload', 'bench_workloads', 'with_context', 'hf_offline', 'run_engine',
+           'inferlab_offline', 'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'median_mbu',
+           'ttft_shared_prefix', 'decode_bytes_per_token', 'hf_prefill', 'inferlab_prefill', 'BusyLoad',
+           'throughput_rows', 'run_bench', 'main']
 
 # %% ../nbs/18_bench.ipynb #0f68d762
 def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, buffer: torch.Tensor | None = None) -> float:
@@ -68,6 +70,40 @@ def make_workload(n: int = 128, seed: int = 0, prompt_median: float = 64, output
         out.append(([rng.randrange(1, vocab) for _ in range(p)], o))
     return out
 
+# %% ../nbs/18_bench.ipynb #acaaa694
+def corpus_token_ids(max_chars: int = 400_000) -> list[int]:
+    "Token ids of the corpus's validation split (the first `max_chars` characters), with the shipped tokenizer."
+    from inferlab.tokenizer import load_tokenizer
+    text = (shipped_model_path("tiny-dense").parents[1] / "corpus" / "valid.txt").read_text(encoding="utf-8")
+    return load_tokenizer(shipped_model_path("tiny-dense")).encode(text[:max_chars])
+
+def text_workload(ids: list[int], n: int, seed: int = 0, prompt=(192, 0.7, 16, 512), output=(32, 0.6, 4, 128),
+                  uniform_prompt: tuple[int, int] | None = None) -> list[tuple[list[int], int]]:
+    """`n` (prompt, output length) pairs with prompts cut from `ids` at random offsets. `prompt` / `output`:
+    (median, sigma, min, max) of a clipped lognormal; `uniform_prompt=(lo, hi)` draws prompt lengths uniformly."""
+    rng, out = random.Random(seed), []
+    draw = lambda med, sig, lo, hi: max(lo, min(hi, round(rng.lognormvariate(math.log(med), sig))))
+    for _ in range(n):
+        p = rng.randint(*uniform_prompt) if uniform_prompt else draw(*prompt)
+        start = rng.randrange(0, len(ids) - p)
+        out.append((ids[start:start + p], draw(*output)))
+    return out
+
+def bench_workloads(seed: int = 0, scale: float = 1.0, vocab: int = 4096) -> dict[str, list]:
+    "The three offline workloads (`scale` shrinks the request counts, for quick runs and larger models)."
+    ids = corpus_token_ids()
+    n = lambda k: max(2, round(k * scale))
+    return {"prefill-heavy": text_workload(ids, n(96), seed),
+            "long-prompt": text_workload(ids, n(12), seed, output=(16, 0.5, 8, 32), uniform_prompt=(1024, 4096)),
+            "decode-heavy": make_workload(n(128), seed, vocab=vocab)}
+
+def with_context(model: CausalLM, max_positions: int) -> CausalLM:
+    "The same module (same weights) with `max_position_embeddings` raised, for prompts longer than it was trained on."
+    import copy
+    m = copy.copy(model)                                  # shallow: shares every parameter
+    m.config = ModelConfig(**{**model.config.__dict__, "max_position_embeddings": max_positions})
+    return m
+
 # %% ../nbs/18_bench.ipynb #997be731
 @torch.inference_mode()
 def hf_offline(hf, workload, batch_size: int) -> float:
@@ -83,12 +119,24 @@ def hf_offline(hf, workload, batch_size: int) -> float:
                     pad_token_id=0)
     return time.perf_counter() - t0
 
-def inferlab_offline(engine: LLMEngine, workload) -> float:
-    "Seconds for the engine to run `workload` (all requests queued at once)."
+def run_engine(engine: LLMEngine, workload) -> dict:
+    """Run `workload` (all requests queued at once): total `seconds`, and the time and tokens of steps that prefill
+    (`prefill_s`, `prefill_tokens`; such steps may carry decodes too) and of decode-only steps (`decode_s`, `decode_tokens`)."""
+    r = dict(prefill_s=0.0, decode_s=0.0, prefill_tokens=0, decode_tokens=0)
     t0 = time.perf_counter()
     for p, o in workload: engine.add_request(p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
-    while engine.has_unfinished(): engine.step()
-    return time.perf_counter() - t0
+    while engine.has_unfinished():
+        t, n_pre, n_dec = time.perf_counter(), engine.num_prefill_tokens, engine.num_decode_tokens
+        engine.step()
+        kind = "decode" if engine.num_prefill_tokens == n_pre else "prefill"
+        r[f"{kind}_s"] += time.perf_counter() - t
+        r[f"{kind}_tokens"] += engine.num_prefill_tokens - n_pre + engine.num_decode_tokens - n_dec
+    r["seconds"] = time.perf_counter() - t0
+    return r
+
+def inferlab_offline(engine: LLMEngine, workload) -> float:
+    "Seconds for the engine to run `workload` (all requests queued at once)."
+    return run_engine(engine, workload)["seconds"]
 
 @torch.inference_mode()
 def hf_decode_rate(hf, prompt: list[int], n: int = 128) -> float:
@@ -153,51 +201,130 @@ def decode_bytes_per_token(model, context: int) -> int:
     if cfg.tie_word_embeddings: n += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
     return n + context * kv_bytes_per_token(cfg, model.dtype)
 
+# %% ../nbs/18_bench.ipynb #58b9cb59
+@torch.inference_mode()
+def hf_prefill(hf, prompts: list[list[int]], batch_size: int) -> float:
+    "Seconds for HF's forward pass over `prompts` in left-padded batches of `batch_size`."
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for r, p in enumerate(chunk): ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
+        hf(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+    return time.perf_counter() - t0
+
+def inferlab_prefill(engine: LLMEngine, prompts: list[list[int]]) -> float:
+    "Seconds for the engine to prefill `prompts` (one output token each)."
+    return inferlab_offline(engine, [(p, 1) for p in prompts])
+
+# %% ../nbs/18_bench.ipynb #ea92a9f3
+class BusyLoad:
+    "`with BusyLoad(n):` — `n` busy-looping processes compete for the cores (each exits by itself after `limit` s)."
+    def __init__(self, n: int, limit: float = 3600.0):
+        if not isinstance(n, int) or n < 0: raise ValueError(f"busy: must be an integer >= 0, got {n!r}")
+        self.n, self.limit, self.procs = n, limit, []
+
+    def __enter__(self):
+        import subprocess, sys
+        loop = f"import time\nend = time.monotonic() + {self.limit}\nwhile time.monotonic() < end: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(self.n)]
+        time.sleep(0.5 if self.n else 0)                  # let the scheduler see them
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs: p.kill()
+        for p in self.procs: p.wait()
+        self.procs = []
+
 # %% ../nbs/18_bench.ipynb #acb680d0
-def run_bench(n_requests: int = 128, batch_sizes=(16, 32, 64), decode_tokens: int = 128, seed: int = 0,
-              log=print) -> list[dict]:
-    "Run everything; return rows (metric, HF, inferlab, ratio) and print them as a table."
+def _hf_best(seconds_at, batch_sizes) -> tuple[int, float]:
+    "(best batch size, its seconds) of HF over `batch_sizes`."
+    times = {b: seconds_at(b) for b in batch_sizes}
+    best = min(times, key=times.get)
+    return best, times[best]
+
+OFFLINE_BATCHES = {"prefill-heavy": (8, 16, 32), "long-prompt": (1, 2, 4), "decode-heavy": (16, 32, 64)}
+
+def throughput_rows(s: dict, row, best: dict | None = None, rounds: int = 5) -> None:
+    """The rows `--busy` repeats: the three offline workloads, prompt-only prefill and batch-1 decode (`tiny-dense`
+    and ~100M). `s`: the setup of `run_bench`; `best`: HF's batch size per row, found in this run if empty (filled)."""
+    best = {} if best is None else best
+    for name, work in s["workloads"].items():
+        model, hf = (s["long"], s["hf_long"]) if name == "long-prompt" else (s["tiny"], s["hf"])
+        out_tokens = sum(o for _, o in work)
+        b, hf_t = _hf_best(lambda b: hf_offline(hf, work, b), [best[name]] if name in best else OFFLINE_BATCHES[name])
+        best[name] = b
+        r = run_engine(LLMEngine(model, None, EngineConfig(max_num_seqs=len(work))), work)
+        row(f"offline {name}, {len(work)} reqs (HF best batch {b})", out_tokens / hf_t, out_tokens / r["seconds"],
+            hf_t / r["seconds"], "output tok/s", f"engine: prefill steps {r['prefill_tokens'] / r['prefill_s']:.0f} "
+            f"tok/s, decode-only steps {r['decode_tokens'] / max(r['decode_s'], 1e-9):.0f} tok/s")
+    prompts = [p for p, _ in s["workloads"]["prefill-heavy"]]
+    n_tok = sum(len(p) for p in prompts)
+    b, hf_t = _hf_best(lambda b: hf_prefill(s["hf"], prompts, b), [best["prefill"]] if "prefill" in best else (4, 8, 16))
+    best["prefill"] = b
+    ours = inferlab_prefill(LLMEngine(s["tiny"], None, EngineConfig(max_num_seqs=len(prompts))), prompts)
+    row(f"prompt-only prefill, {len(prompts)} prompts (HF batch {b})", n_tok / hf_t, n_tok / ours, hf_t / ours,
+        "prompt tok/s", "tiny-dense, mixed lengths 16-512")
+    r = paired_decode_rates(s["hf"], s["tiny"], s["prompt"], s["decode_tokens"], rounds)
+    hr, orate = statistics.median(r["hf"]), statistics.median(r["ours"])
+    row(f"batch-1 decode (median of {len(r['hf'])})", hr, orate, orate / hr, "tok/s", "tiny-dense")
+    r = paired_decode_rates(s["hf_big"], s["big"], s["prompt"], 64, rounds, bandwidth_buffer=s["probe"])
+    hr, orate = statistics.median(r["hf"]), statistics.median(r["ours"])
+    row(f"batch-1 decode, Llama ~100M (median of {len(r['hf'])})", hr, orate, orate / hr, "tok/s",
+        f"{sum(p.numel() for p in s['big'].parameters())/1e6:.0f}M params")
+    s["last_decode_100m"] = r
+
+def run_bench(scale: float = 1.0, decode_tokens: int = 128, seed: int = 0, busy: int = 0, log=print) -> list[dict]:
+    """Run everything; return rows (metric, HF, inferlab, ratio) and print them as a table. `busy=N`: then run the
+    throughput rows again while N busy-looping processes compete for the cores, and print both figures."""
     torch.manual_seed(seed)
     rows = []
     def row(metric, peer, ours, ratio, unit, note=""):
-        rows.append(dict(metric=metric, peer=peer, ours=ours, ratio=ratio, unit=unit, note=note))
-        log(f"  {metric:<46s} {peer:>10.1f} {ours:>10.1f} {ratio:>7.2f}x  {unit} {note}")
+        rows.append(dict(metric=metric, peer=peer, ours=ours, ratio=ratio, unit=unit, note=note, busy=0))
+        log(f"  {metric:<50s} {peer:>9.1f} {ours:>9.1f} {ratio:>7.2f}x  {unit}; {note}")
     probe = torch.ones(512 * 2**20 // 4)                 # one buffer for every bandwidth measurement
     bw = memory_bandwidth(buffer=probe)
-    log(f"memory read bandwidth: {bw:.1f} GB/s; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    log(f"  {'metric':<46s} {'HF':>10s} {'inferlab':>10s} {'ratio':>8s}")
+    log(f"memory read bandwidth: {bw:.1f} GB/s; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{len(os.sched_getaffinity(0))} cores")
+    log(f"  {'metric':<50s} {'HF':>9s} {'inferlab':>9s} {'ratio':>8s}")
     tiny = load_model(shipped_model_path("tiny-dense"), dtype=torch.float32)
-    hf = hf_twin(tiny)
-    work = make_workload(n_requests, seed)
-    out_tokens = sum(o for _, o in work)
-    hf_times = {b: hf_offline(hf, work, b) for b in batch_sizes}
-    best = min(hf_times, key=hf_times.get)
-    ours_t = inferlab_offline(LLMEngine(tiny, None, EngineConfig(max_num_seqs=n_requests)), work)
-    row(f"offline throughput, {n_requests} reqs (HF best batch {best})", out_tokens / hf_times[best],
-        out_tokens / ours_t, hf_times[best] / ours_t, "output tok/s", "tiny-dense")
-    prompt = work[0][0][:32]
-    r = paired_decode_rates(hf, tiny, prompt, decode_tokens)
-    hr, orate = statistics.median(r["hf"]), statistics.median(r["ours"])
-    row(f"batch-1 decode (median of {len(r['hf'])})", hr, orate, orate / hr, "tok/s", "tiny-dense")
-    off = ttft_shared_prefix(tiny, prefix_caching=False); on = ttft_shared_prefix(tiny, prefix_caching=True)
-    row("TTFT, shared 1000-token prefix: cache off / on", off * 1e3, on * 1e3, off / on, "ms", "tiny-dense (inferlab both)")
+    long = with_context(tiny, 4096)
+    workloads = bench_workloads(seed, scale)
     big = random_model(llama_100m_config(), seed)
-    hf_big = hf_twin(big)
-    r = paired_decode_rates(hf_big, big, prompt, 64, bandwidth_buffer=probe)
-    hr, orate = statistics.median(r["hf"]), statistics.median(r["ours"])
-    row(f"batch-1 decode, Llama ~100M (median of {len(r['hf'])})", hr, orate, orate / hr, "tok/s",
-        f"{sum(p.numel() for p in big.parameters())/1e6:.0f}M params")
-    nbytes = decode_bytes_per_token(big, len(prompt) + 32)
+    s = dict(tiny=tiny, hf=hf_twin(tiny), long=long, hf_long=hf_twin(long), big=big, hf_big=hf_twin(big),
+             workloads=workloads, prompt=workloads["decode-heavy"][0][0][:32], decode_tokens=decode_tokens, probe=probe)
+    best = {}
+    throughput_rows(s, row, best)
+    r = s["last_decode_100m"]
+    nbytes = decode_bytes_per_token(big, len(s["prompt"]) + 32)
     h_mbu, o_mbu = median_mbu(r["hf"], r["bw_hf"], nbytes), median_mbu(r["ours"], r["bw_ours"], nbytes)
     bws = r["bw_hf"] + r["bw_ours"]
     row("MBU at batch 1, Llama ~100M (median of rounds)", h_mbu, o_mbu, o_mbu / h_mbu, "% of roofline",
         f"{nbytes/1e6:.0f} MB/token; bandwidth {min(bws):.1f}-{max(bws):.1f} GB/s during the rounds")
+    off = ttft_shared_prefix(tiny, prefix_caching=False); on = ttft_shared_prefix(tiny, prefix_caching=True)
+    row("TTFT, shared 1000-token prefix: cache off / on", off * 1e3, on * 1e3, off / on, "ms", "tiny-dense (inferlab both)")
+    if busy:
+        quiet = list(rows)
+        log(f"\nthe same throughput rows with {busy} busy-looping process(es) on the {len(os.sched_getaffinity(0))} cores:")
+        with BusyLoad(busy):
+            throughput_rows(s, row, best, rounds=3)
+        loaded = rows[len(quiet):]
+        for r in loaded: r["busy"] = busy
+        log(f"\n  {'metric':<50s} {'quiet':>9s} {'busy':>9s} {'busy/quiet':>10s}  (inferlab)")
+        for q, b in zip(quiet, loaded):
+            log(f"  {q['metric']:<50s} {q['ours']:>9.1f} {b['ours']:>9.1f} {b['ours'] / q['ours']:>9.0%}   {q['unit']}")
     return rows
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="inferlab bench", description="inferlab vs HF transformers, one process")
-    ap.add_argument("--requests", type=int, default=128, help="offline workload size (default 128)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the offline workloads' request counts (default 1)")
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="also run the throughput rows while N busy-looping processes compete for the cores")
     a = ap.parse_args(argv)
-    run_bench(a.requests, decode_tokens=a.decode_tokens, seed=a.seed)
+    if not 0 < a.scale <= 10: ap.error(f"--scale: must be in (0, 10], got {a.scale}")
+    if not 0 <= a.busy <= 64: ap.error(f"--busy: must be in [0, 64], got {a.busy}")
+    run_bench(a.scale, decode_tokens=a.decode_tokens, seed=a.seed, busy=a.busy)

@@ -22,10 +22,10 @@ except ImportError:
 
 # %% auto #0
 __all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'store_kv_reference', 'PagedBatch',
-           'make_paged_batch', 'gather_kv', 'paged_prefill_reference', 'decode_plan', 'paged_decode_reference',
-           'blocks_read', 'attention_intensity', 'decode_kv_bytes', 'online_softmax_attention', 'interpreter_ready',
-           'store_kv_triton', 'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton', 'store_kv',
-           'paged_prefill', 'paged_decode']
+           'make_paged_batch', 'gather_kv', 'prefill_plan', 'paged_prefill_reference', 'decode_plan',
+           'paged_decode_reference', 'blocks_read', 'attention_intensity', 'decode_kv_bytes',
+           'online_softmax_attention', 'interpreter_ready', 'store_kv_triton', 'decode_num_splits',
+           'paged_decode_triton', 'paged_prefill_triton', 'store_kv', 'paged_prefill', 'paged_decode']
 
 # %% ../nbs/13_paged_attention.ipynb #d880b557
 def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -124,25 +124,43 @@ def _causal_window_mask(q_pos, k_pos, window):
     ok = rel >= 0
     return ok & (rel < window) if window else ok
 
-def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                            window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
-    """Causal attention of packed queries `[num_tokens, q_heads, head_dim]` over paged KV (torch, any device).
-    `k_new`/`v_new` (packed like `q`): this step's keys and values in full precision, used instead of their cached codes."""
-    out = torch.empty_like(q)
-    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+def prefill_plan(cu_seqlens_q, seq_lens, window: int | None = None) -> list[tuple]:
+    """What every layer of a prefill step needs, computed once per step: per sequence `(start, end, seq_len, mask)`.
+    `mask` is None when plain causal attention over the sequence's own new tokens is right (no cached prefix, no
+    window), else an additive float32 mask `[n, seq_len]` (0 or -inf), built here once instead of once per layer."""
+    cu, lens, plan = cu_seqlens_q.tolist(), seq_lens.tolist(), []
     for i, L in enumerate(lens):
         s, e = cu[i], cu[i + 1]
+        mask = None
+        if e > s and (window or e - s < L):
+            ok = _causal_window_mask(torch.arange(L - (e - s), L, device=seq_lens.device),
+                                     torch.arange(L, device=seq_lens.device), window)           # [n, L]
+            mask = torch.zeros(ok.shape, device=ok.device).masked_fill_(~ok, float("-inf"))
+        plan.append((s, e, L, mask))
+    return plan
+
+def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
+                            window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None,
+                            plan=None) -> torch.Tensor:
+    """Causal attention of packed queries `[num_tokens, q_heads, head_dim]` over paged KV (torch, any device).
+    `k_new`/`v_new` (packed like `q`): this step's keys and values in full precision, used instead of their cached
+    codes; a sequence with no cached prefix then attends to them directly, with no gather. `plan`: `prefill_plan`."""
+    out = torch.empty_like(q)
+    for i, (s, e, L, mask) in enumerate(plan if plan is not None else prefill_plan(cu_seqlens_q, seq_lens, window)):
         if e == s: continue
-        k, v = gather_kv(k_cache, block_tables[i], L).float(), gather_kv(v_cache, block_tables[i], L).float()
-        if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]     # dequantize on read
-        if k_new is not None: k[L - (e - s):], v[L - (e - s):] = k_new[s:e].float(), v_new[s:e].float()
+        if k_new is not None and e - s == L:                                        # the whole sequence is new
+            k, v = k_new[s:e].float(), v_new[s:e].float()
+        else:
+            k, v = gather_kv(k_cache, block_tables[i], L).float(), gather_kv(v_cache, block_tables[i], L).float()
+            if k_scale is not None: k, v = k * k_scale[:, None], v * v_scale[:, None]     # dequantize on read
+            if k_new is not None: k[L - (e - s):], v[L - (e - s):] = k_new[s:e].float(), v_new[s:e].float()
         k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]                     # [1, kv_heads, L, head_dim]
         qi = q[s:e].float().transpose(0, 1)[None]                                   # [1, q_heads, n, head_dim]
-        mask = _causal_window_mask(torch.arange(L - (e - s), L, device=q.device), torch.arange(L, device=q.device),
-                                   window)                                          # [n, L]
-        o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=mask is None,
+                                                             scale=scale, enable_gqa=True)
         out[s:e] = o[0].transpose(0, 1).to(q.dtype)                                 # [n, q_heads, head_dim]
     return out
+
 
 # %% ../nbs/13_paged_attention.ipynb #a283065b
 def _decode_columns(seq_lens: torch.Tensor, block_size: int, window: int | None):
@@ -558,13 +576,14 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_sc
     else: store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                  window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
+                  window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None,
+                  plan=None) -> torch.Tensor:
     "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` (the last tokens of each sequence)."
     if _use_triton(q):
         return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
                                     k_scale, v_scale, k_new, v_new)
     return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
-                                   k_scale, v_scale, k_new, v_new)
+                                   k_scale, v_scale, k_new, v_new, plan)
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
                  plan=None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:

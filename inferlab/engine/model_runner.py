@@ -7,6 +7,8 @@ Docs: https://inferlab.github.io/inferlab/model_runner.html.md"""
 # %% ../../nbs/15_model_runner.ipynb #fc3bdd2e
 from __future__ import annotations
 import copy
+import os
+import time
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
@@ -15,13 +17,13 @@ from ..layers import Attention, MLP, rope_cos_sin
 import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
-from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, KV_CACHE_DTYPES, kv_scale
+from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
 from ..generate import KVCache
 from ..sampling import sample, token_logprobs
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
-           'KMajorLinear', 'pack_model', 'NumpyDecoder', 'ModelRunner', 'sample_batch']
+           'KMajorLinear', 'pack_model', 'NumpyDecoder', 'CpuThreads', 'ModelRunner', 'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
 @dataclass
@@ -72,7 +74,7 @@ class AttentionContext:
     "What the model's attention layers receive as `kv_cache` in the engine: the paged cache plus this step's metadata."
     def __init__(self, cache: PagedKVCache, meta: AttentionMetadata):
         self.cache, self.meta = cache, meta
-        self.plans = {}   # decode gather plan per window size: computed by the first layer, reused by the rest
+        self.plans, self.prefill_plans = {}, {}   # per window size: computed by the first layer, reused by the rest
 
     def attend(self, layer: int, q, k, v, window: int | None, scale: float):
         "q `[1, T, hq, d]`, k/v `[1, T, hkv, d]` for the packed tokens → attention output `[1, T, hq, d]`."
@@ -81,9 +83,16 @@ class AttentionContext:
         store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)   # first write: a prefill attends to its own tokens
         P, parts = m.num_prefill_tokens, []
         fresh = ks is not None          # quantized cache: this step's own tokens are attended in full precision
-        if P: parts.append(paged_prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
-                                         m.prefill_seq_lens, scale, window, ks, vs,
-                                         k_new=k[0, :P] if fresh else None, v_new=v[0, :P] if fresh else None))
+        if P:
+            plan = None
+            if not q.is_cuda:           # CPU: prompts with no cached prefix attend to their fresh K/V, no gather
+                plan = self.prefill_plans.get(window)
+                if plan is None:
+                    plan = self.prefill_plans[window] = prefill_plan(m.prefill_cu_seqlens_q, m.prefill_seq_lens, window)
+            new = fresh or not q.is_cuda
+            parts.append(paged_prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
+                                       m.prefill_seq_lens, scale, window, ks, vs, k_new=k[0, :P] if new else None,
+                                       v_new=v[0, :P] if new else None, plan=plan))
         if q.shape[1] > P:
             plan = None
             if not q.is_cuda:
@@ -251,6 +260,62 @@ class NumpyDecoder:
                 x = x + (gate / (1 + np.exp(-gate)) * up) @ w["down"]
         return torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
 
+# %% ../../nbs/15_model_runner.ipynb #e8db95ea
+def _busy_seconds(cpus: set[int]) -> float | None:
+    "Seconds of non-idle time summed over `cpus`, from /proc/stat (None where there is no /proc/stat)."
+    try: lines = open("/proc/stat").read().splitlines()
+    except OSError: return None
+    busy = 0
+    for line in lines:
+        name, *f = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus): continue
+        ticks = [int(x) for x in f[:8]]                       # user nice system idle iowait irq softirq steal
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+class CpuThreads:
+    """The one owner of the CPU thread pools a step uses: torch's intra-op threads and NumPy's BLAS threads
+    (through `threadpoolctl`). `budget` is the cores this process may use (affinity) minus those other processes
+    keep busy, re-measured every `interval` seconds; `max_threads` caps it (default: torch's thread count)."""
+    def __init__(self, max_threads: int | None = None, interval: float = 0.5):
+        from threadpoolctl import ThreadpoolController
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.max_threads = max(1, min(max_threads or torch.get_num_threads(), len(self.cpus)))
+        self.budget, self.interval, self.others = self.max_threads, interval, 0.0
+        self.blas = ThreadpoolController().select(user_api="blas")
+        self.saved = (torch.get_num_threads(), [lib.get_num_threads() for lib in self.blas.lib_controllers])
+        self.current = None                                   # (torch threads, BLAS threads) in force
+        self._last = (time.monotonic(), _busy_seconds(self.cpus), time.process_time())
+
+    def measure(self) -> int:
+        "Re-measure (at most every `interval` s) the cores others keep busy; returns the thread budget."
+        now = time.monotonic()
+        if now - self._last[0] < self.interval: return self.budget
+        busy, own = _busy_seconds(self.cpus), time.process_time()
+        t0, busy0, own0 = self._last
+        self._last = (now, busy, own)
+        if busy is None or busy0 is None: return self.budget
+        self.others = max(0.0, (busy - busy0 - (own - own0)) / (now - t0))   # cores' worth of other work
+        self.budget = max(1, min(self.max_threads, int(len(self.cpus) - self.others + 0.5)))
+        return self.budget
+
+    def use(self, decode: bool):
+        "Size the pools for a step: decode-sized steps run BLAS on the budget, others run torch on it."
+        n = self.measure()
+        want = (1, n) if decode else (n, 1)
+        if want == self.current: return
+        if self.current is None or want[0] != self.current[0]: torch.set_num_threads(want[0])
+        if self.current is None or want[1] != self.current[1]:
+            for lib in self.blas.lib_controllers: lib.set_num_threads(want[1])
+        self.current = want
+
+    def restore(self):
+        "Give the process back the thread counts it had when this owner was made."
+        if self.current is None: return
+        torch.set_num_threads(self.saved[0])
+        for lib, n in zip(self.blas.lib_controllers, self.saved[1]): lib.set_num_threads(n)
+        self.current = None
+
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:
     "Runs scheduled batches through the model over a paged KV cache; samples the next tokens."
@@ -259,7 +324,8 @@ class ModelRunner:
         "`model` should already be packed (`pack_model`) if wanted; the runner uses it as given."
         self.model, self.block_size = model, block_size
         self.device = model.device
-        self.cpu_threads, self.decode_mode = torch.get_num_threads(), False
+        self.decode_mode = False
+        self.threads = CpuThreads() if self.device.type == "cpu" else None   # sizes torch's and BLAS's pools
         self.k_major = [m for m in model.modules() if isinstance(m, KMajorLinear) and m.weight_np is not None]
         self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
                                      *(kv_scales or (None, None)))
@@ -268,19 +334,22 @@ class ModelRunner:
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         "One forward pass: (sequences that sample, their logits `[S, vocab]` in float32)."
-        if self.device.type == "cpu": self._decode_mode(batch.num_tokens <= SMALL_STEP_TOKENS)
+        if self.threads is not None: self._decode_mode(batch.num_tokens <= SMALL_STEP_TOKENS)
         return self._execute(batch)
 
     def _decode_mode(self, on: bool):
-        "CPU decode-sized steps: one torch thread, linears through NumPy's BLAS (see 'Decode steps on CPU'). Switched only on a change, so thread pools are not woken and put to sleep every step."
+        "CPU decode-sized steps: one torch thread, linears through NumPy's BLAS (see 'Decode steps on CPU'); `CpuThreads` sizes the pools."
+        self.threads.use(decode=on)
         if on == self.decode_mode: return
         self.decode_mode = on
-        torch.set_num_threads(1 if on else self.cpu_threads)
         for m in self.k_major: m.use_numpy = on
 
     def restore_threads(self):
-        "Give the process its torch thread count back (the engine calls this when it goes idle)."
-        if self.device.type == "cpu": self._decode_mode(False)
+        "Give the process its thread counts back (the engine calls this when it goes idle)."
+        if self.threads is None: return
+        self.threads.restore()
+        self.decode_mode = False
+        for m in self.k_major: m.use_numpy = False
 
     @torch.inference_mode()
     def _execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:

@@ -1,0 +1,48 @@
+"""The vLLM side of `make bench-vllm`: run by the vLLM venv's Python (never imported by inferlab).
+
+Reads one JSON command per line on stdin, answers one JSON line on stdout:
+  {"cmd": "load", "model": DIR, "max_num_seqs": N, "max_model_len": N}   -> {"ok": true, "load_s": s, "ttft_s": s}
+  {"cmd": "offline", "prompts": [[ids]...], "max_tokens": [n...]}          -> {"seconds": s, "output_tokens": n}
+  {"cmd": "decode", "prompt": [ids], "n": N}                               -> {"tok_s": r}
+  {"cmd": "quit"}
+Token ids in, token ids out (no tokenizer): the engines do the same work on the same requests."""
+import json, os, sys, time
+
+T0 = time.perf_counter()   # process start (close enough: before vLLM's import)
+
+def main():
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")           # GiB of KV cache
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    out = sys.stdout
+    sys.stdout = sys.stderr                                        # vLLM's prints must not corrupt the protocol
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    llm = None
+    def reply(d): out.write(json.dumps(d) + "\n"); out.flush()
+    for line in sys.stdin:
+        c = json.loads(line)
+        if c["cmd"] == "quit": break
+        if c["cmd"] == "load":
+            t = time.perf_counter()
+            llm = LLM(model=c["model"], skip_tokenizer_init=True, dtype="float32", max_num_seqs=c.get("max_num_seqs", 256),
+                      max_model_len=c.get("max_model_len"), enforce_eager=True, seed=0)
+            load = time.perf_counter() - t
+            llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=1, detokenize=False),
+                         use_tqdm=False)
+            reply(dict(ok=True, load_s=load, ttft_s=time.perf_counter() - T0))
+        elif c["cmd"] == "offline":
+            ps = [TokensPrompt(prompt_token_ids=p) for p in c["prompts"]]
+            sp = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False) for n in c["max_tokens"]]
+            t = time.perf_counter()
+            res = llm.generate(ps, sp, use_tqdm=False)
+            reply(dict(seconds=time.perf_counter() - t, output_tokens=sum(len(r.outputs[0].token_ids) for r in res)))
+        elif c["cmd"] == "decode":
+            def run(k):
+                sp = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True, detokenize=False)
+                t = time.perf_counter(); llm.generate([TokensPrompt(prompt_token_ids=c["prompt"])], sp, use_tqdm=False)
+                return time.perf_counter() - t
+            run(4); n = c["n"]
+            reply(dict(tok_s=n / (min(run(n + 1) for _ in range(2)) - min(run(1) for _ in range(3)))))
+
+if __name__ == "__main__":
+    main()
