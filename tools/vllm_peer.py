@@ -3,6 +3,7 @@
 Reads one JSON command per line on stdin, answers one JSON line on stdout:
   {"cmd": "load", "model": DIR, "max_num_seqs": N, "max_model_len": N}   -> {"ok": true, "load_s": s, "ttft_s": s}
   {"cmd": "offline", "prompts": [[ids]...], "max_tokens": [n...]}          -> {"seconds": s, "output_tokens": n}
+      (greedy, EOS ignored, prefix cache cleared first)
   {"cmd": "decode", "prompt": [ids], "n": N}                               -> {"tok_s": r}
   {"cmd": "quit"}
 Token ids in, token ids out (no tokenizer): the engines do the same work on the same requests."""
@@ -13,8 +14,11 @@ T0 = time.perf_counter()   # process start (close enough: before vLLM's import)
 def main():
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")           # GiB of KV cache
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    out = sys.stdout
-    sys.stdout = sys.stderr                                        # vLLM's prints must not corrupt the protocol
+    # The protocol gets its own copy of stdout; fd 1 then points at stderr, so nothing vLLM or its engine-core
+    # process prints (Python or C, inherited by children) can land between two answers.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     llm = None
@@ -25,12 +29,13 @@ def main():
         if c["cmd"] == "load":
             t = time.perf_counter()
             llm = LLM(model=c["model"], skip_tokenizer_init=True, dtype="float32", max_num_seqs=c.get("max_num_seqs", 256),
-                      max_model_len=c.get("max_model_len"), enforce_eager=True, seed=0)
+                      seed=0)   # vLLM's CPU defaults otherwise (its thread binding, chunked prefill, prefix caching)
             load = time.perf_counter() - t
             llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=1, detokenize=False),
                          use_tqdm=False)
             reply(dict(ok=True, load_s=load, ttft_s=time.perf_counter() - T0))
         elif c["cmd"] == "offline":
+            llm.reset_prefix_cache()                               # rounds must not help each other
             ps = [TokensPrompt(prompt_token_ids=p) for p in c["prompts"]]
             sp = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False) for n in c["max_tokens"]]
             t = time.perf_counter()
