@@ -121,13 +121,14 @@ def hf_offline(hf, workload, batch_size: int) -> float:
 
 def run_engine(engine: LLMEngine, workload) -> dict:
     """Run `workload` (all requests queued at once): total `seconds`, and the time and tokens of steps that prefill
-    (`prefill_s`, `prefill_tokens`; such steps may carry decodes too) and of decode-only steps (`decode_s`, `decode_tokens`)."""
-    r = dict(prefill_s=0.0, decode_s=0.0, prefill_tokens=0, decode_tokens=0)
+    (`prefill_s`, `prefill_tokens`; such steps may carry decodes too) and of decode-only steps (`decode_s`, `decode_tokens`);
+    `output_tokens`: the tokens the finished requests generated."""
+    r = dict(prefill_s=0.0, decode_s=0.0, prefill_tokens=0, decode_tokens=0, output_tokens=0)
     t0 = time.perf_counter()
     for p, o in workload: engine.add_request(p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
     while engine.has_unfinished():
         t, n_pre, n_dec = time.perf_counter(), engine.num_prefill_tokens, engine.num_decode_tokens
-        engine.step()
+        r["output_tokens"] += sum(len(o.token_ids) for o in engine.step() if o.finished)
         kind = "decode" if engine.num_prefill_tokens == n_pre else "prefill"
         r[f"{kind}_s"] += time.perf_counter() - t
         r[f"{kind}_tokens"] += engine.num_prefill_tokens - n_pre + engine.num_decode_tokens - n_dec
@@ -188,9 +189,8 @@ def ttft_shared_prefix(model, prefix_len: int = 1000, suffix_len: int = 16, tria
     times = []
     for i in range(trials + 1):
         suffix = torch.randint(1, V, (suffix_len,), generator=g).tolist()
-        rid = eng.add_request(prefix + suffix, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        seq = eng.requests[eng.add_request(prefix + suffix, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))]
         while eng.has_unfinished(): eng.step()
-        seq = eng.requests[rid]
         if i: times.append(seq.first_token_time - seq.arrival_time)   # i == 0 warms the cache (and the code)
     return statistics.median(times)
 

@@ -30,8 +30,8 @@ def _generate(args) -> int:
     for i, (prompt, out) in enumerate(zip(args.prompt, outs)):
         if len(args.prompt) > 1: print(f"--- prompt {i + 1}")
         print(prompt + out.text if out.error is None else f"error: {out.error}")
-    if not args.quiet:
-        ok = [o for o in outs if o.error is None]
+    ok = [o for o in outs if o.error is None]
+    if not args.quiet and ok:                         # (no summary when every prompt was refused)
         n, st = sum(len(o.token_ids) for o in ok), llm.engine.stats()
         ttft = sorted(o.metrics.ttft for o in ok)
         print(f"\n[{llm.engine.model.source}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = {n / wall:.1f} tokens/s; "

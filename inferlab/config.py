@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['SUPPORTED_ARCHITECTURES', 'DTYPES', 'SHIPPED_MODELS', 'ModelConfig', 'config_from_hf', 'load_config', 'param_counts',
-           'num_params', 'active_params', 'resolve_device', 'resolve_dtype', 'data_dir', 'shipped_model_path',
-           'resolve_model_path']
+__all__ = ['SUPPORTED_ARCHITECTURES', 'DTYPES', 'SHIPPED_MODELS', 'ModelConfig', 'check_hf_types', 'config_from_hf',
+           'load_config', 'param_counts', 'num_params', 'active_params', 'resolve_device', 'resolve_dtype', 'data_dir',
+           'shipped_model_path', 'resolve_model_path']
 
 # %% ../nbs/00_config.ipynb #5e626a7f
 SUPPORTED_ARCHITECTURES = {
@@ -117,8 +117,38 @@ def _windows_from_hf(d: dict, arch: str, n_layers: int) -> list:
     return [window if i >= start else None for i in range(n_layers)]
 
 # %% ../nbs/00_config.ipynb #79e3ca5b
+_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "num_local_experts", "num_experts",
+               "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
+_NUMBER_FIELDS = ("rms_norm_eps", "rope_theta")
+_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "norm_topk_prob")
+
+def check_hf_types(d, source: str = "config.json") -> dict:
+    """The JSON types of a HF config, checked before any is used: integers are integers, numbers numbers, booleans
+    JSON booleans (the string "false" is not false), `architectures` a list of strings. Returns `d` without the
+    optional fields set to null (null means "the default" there)."""
+    if not isinstance(d, dict): raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
+    archs = d.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"{source}: field 'architectures' must be a list of strings, got {archs!r:.80}")
+    bad = lambda f, want: ValueError(f"{source}: field {f!r} must be {want}, got {d[f]!r:.80}")
+    for f in _INT_FIELDS:
+        if d.get(f) is not None and (not isinstance(d[f], int) or isinstance(d[f], bool)): raise bad(f, "an integer")
+    for f in _NUMBER_FIELDS:
+        if f in d and (not isinstance(d[f], (int, float)) or isinstance(d[f], bool)): raise bad(f, "a number")
+    for f in _BOOL_FIELDS:
+        if d.get(f) is not None and not isinstance(d[f], bool): raise bad(f, "true or false")
+    for f in ("bos_token_id", "eos_token_id"):
+        v = d.get(f)
+        ids = v if isinstance(v, list) else [v]
+        if v is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise bad(f, "an integer, a list of integers or null")
+    if d.get("torch_dtype") is not None and not isinstance(d["torch_dtype"], str): raise bad("torch_dtype", "a string")
+    return {k: v for k, v in d.items() if not (v is None and k in _INT_FIELDS + _BOOL_FIELDS)}
+
 def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
     "Build a `ModelConfig` from a HF config dict; errors name `source` and the field."
+    d = check_hf_types(d, source)
     archs = d.get("architectures") or []
     if not archs: raise ValueError(f"{source}: field 'architectures' is missing")
     arch = archs[0]
@@ -157,7 +187,9 @@ def load_config(path) -> ModelConfig:
     p = Path(path)
     f = p / "config.json" if p.is_dir() else p
     if not f.exists(): raise FileNotFoundError(f"{f}: no config.json in the model directory")
-    try: d = json.loads(f.read_text())
+    if not f.is_file(): raise ValueError(f"{f}: not a regular file")
+    try: d = json.loads(f.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e: raise ValueError(f"{f}: not valid JSON ({e})") from None
     return config_from_hf(d, str(f))
 

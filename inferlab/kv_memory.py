@@ -7,13 +7,15 @@ Docs: https://inferlab.github.io/inferlab/kv_memory.html.md"""
 # %% ../nbs/10_kv_memory.ipynb #b460ee14
 from __future__ import annotations
 import math
+import os
 import numpy as np
 import torch
 from .config import ModelConfig
 
 # %% auto #0
 __all__ = ['dtype_bytes', 'kv_bytes_per_token', 'kv_budget_bytes', 'kv_block_bytes', 'num_kv_blocks', 'max_concurrent_seqs',
-           'sample_lengths', 'contiguous_waste', 'paged_waste', 'expected_contiguous_waste', 'seqs_that_fit']
+           'available_memory', 'sample_lengths', 'contiguous_waste', 'paged_waste', 'expected_contiguous_waste',
+           'seqs_that_fit']
 
 # %% ../nbs/10_kv_memory.ipynb #4868f216
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -83,6 +85,17 @@ def max_concurrent_seqs(cfg: ModelConfig, budget_bytes, seq_len: int, dtype, blo
     budget, seq_len = _budget(budget_bytes), _positive_int("seq_len", seq_len)
     if block_size is None: return budget // (seq_len * kv_bytes_per_token(cfg, dtype))
     return (budget // kv_block_bytes(cfg, block_size, dtype)) // _cdiv(seq_len, block_size)
+
+# %% ../nbs/10_kv_memory.ipynb #885be24d
+def available_memory(device="cpu") -> int:
+    "Bytes the device can still give: the CPU's available memory, or a CUDA device's free memory."
+    device = torch.device(device)
+    if device.type == "cuda": return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"): return int(line.split()[1]) * 1024
+    except OSError: pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 # %% ../nbs/10_kv_memory.ipynb #79c2e903
 def sample_lengths(n: int, median: float = 512, sigma: float = 1.0, max_len: int | None = None, seed: int = 0) -> np.ndarray:

@@ -18,8 +18,8 @@ from .layers import RMSNorm, Attention, MLP, rope_inv_freq, rope_cos_sin
 from .moe import MoEBlock
 
 # %% auto #0
-__all__ = ['DecoderLayer', 'DecoderModel', 'CausalLM', 'hf_to_ours', 'ours_to_hf', 'expected_shapes', 'load_state_dict',
-           'load_model', 'config_to_hf', 'save_model']
+__all__ = ['FLOAT_DTYPES', 'DecoderLayer', 'DecoderModel', 'CausalLM', 'hf_to_ours', 'ours_to_hf', 'expected_shapes',
+           'load_state_dict', 'load_model', 'config_to_hf', 'save_model']
 
 # %% ../nbs/04_model.ipynb #2546e28b
 class DecoderLayer(nn.Module):
@@ -108,7 +108,14 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     if index.exists():
         try: wmap = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e: raise ValueError(f"{index}: not a valid index ({e!r})") from None
-        files = {n: path / f for n, f in wmap.items()}
+        if not isinstance(wmap, dict) or not all(isinstance(f, str) for f in wmap.values()):
+            raise ValueError(f"{index}: 'weight_map' must map tensor names to file names")
+        root, files = path.resolve(), {}
+        for n, f in wmap.items():
+            full = (path / f).resolve()
+            if Path(f).is_absolute() or root not in full.parents:   # an index may only name files in its directory
+                raise ValueError(f"{index}: tensor {n!r} points at {f!r}, outside the model directory")
+            files[n] = path / f
         for f in sorted(set(files.values())):
             if not f.exists(): raise FileNotFoundError(f"{f}: listed in {index.name} but missing")
         return files
@@ -123,10 +130,13 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     return files
 
 def _open(f: Path, device: str = "cpu"):
+    if not f.is_file(): raise ValueError(f"{f}: not a regular file")   # a FIFO or a device would block or stream forever
     try: return safe_open(str(f), framework="pt", device=device)
     except Exception as e: raise ValueError(f"{f}: not a valid safetensors file ({e})") from None
 
 # %% ../nbs/04_model.ipynb #aee6bc23
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
 def load_state_dict(path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> dict:
     "Read and check every tensor the config needs; returns our names → tensors in `dtype` on `device`."
     path = Path(path)
@@ -143,6 +153,11 @@ def load_state_dict(path, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         except Exception as e: raise ValueError(f"{f}: tensor {name!r} could not be read ({e})") from None
         if tuple(t.shape) != shape:
             raise ValueError(f"{f}: tensor {name!r} has shape {list(t.shape)} but config.json implies {list(shape)}")
+        if t.dtype not in FLOAT_DTYPES:         # a float parameter stored as int8/bool/fp8 codes is not this model
+            raise ValueError(f"{f}: tensor {name!r} is {str(t.dtype).replace('torch.', '')}; a {cfg.torch_dtype} "
+                             f"checkpoint stores floating-point weights (float32, float16, bfloat16)")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{f}: tensor {name!r} holds non-finite values (NaN or inf)")
         sd[hf_to_ours(name, cfg)] = t.to(dtype)
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     extra = [n for n in files if n not in want and n not in ignorable and not n.endswith("rotary_emb.inv_freq")]

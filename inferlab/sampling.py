@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 import torch
 
 # %% auto #0
-__all__ = ['SamplingParams', 'apply_top_k', 'apply_top_p', 'apply_min_p', 'processed_logits', 'probs_from_logits',
+__all__ = ['MAX_LOGPROBS', 'SamplingParams', 'apply_top_k', 'apply_top_p', 'apply_min_p', 'processed_logits', 'probs_from_logits',
            'make_generator', 'sample', 'token_logprobs', 'chi2_quantile', 'chi2_statistic']
 
 # %% ../nbs/05_sampling.ipynb #625909fc
+MAX_LOGPROBS = 20   # the most top log-probabilities a request may ask for (vLLM's default max_logprobs)
+
 @dataclass
 class SamplingParams:
     "How one request is decoded and when it stops. Field names follow vLLM."
@@ -30,10 +32,16 @@ class SamplingParams:
     logprobs: int | None = None     # return the log-probability of each sampled token (and this many top ones)
 
     def __post_init__(self):
+        if self.stop is None: self.stop = []                      # as in vLLM and the OpenAI API: no stop strings
+        if self.stop_token_ids is None: self.stop_token_ids = []
         if isinstance(self.stop, str): self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ValueError(f"{name}: must be a list, got {type(getattr(self, name)).__name__}")
         self.stop, self.stop_token_ids = list(self.stop), list(self.stop_token_ids)
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if (not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool)
+                or not math.isfinite(self.temperature) or self.temperature < 0):
+            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
@@ -44,12 +52,14 @@ class SamplingParams:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop: stop strings must be non-empty strings, got {self.stop!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids: must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed: must be an integer or None, got {self.seed!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs: must be a non-negative integer or None, got {self.logprobs!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -2**63 <= self.seed < 2**64):
+            raise ValueError(f"seed: must be an integer in [-2**63, 2**64) or None, got {self.seed!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs: must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool: return self.temperature == 0

@@ -106,3 +106,47 @@ def test_missing_tokenizer(ckpt):
 def test_bad_dtype_and_device(ckpt):
     with pytest.raises(ValueError, match="dtype: 'int4'"): load_model(ckpt, dtype="int4")
     with pytest.raises(ValueError, match="device: 'tpu'"): load_model(ckpt, device="tpu")
+
+def _edit_config(ckpt, **fields):
+    cfg = json.loads((ckpt / "config.json").read_text()); cfg.update(fields)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+
+@pytest.mark.parametrize("fields, field", [(dict(tie_word_embeddings="false"), "tie_word_embeddings"),
+                                           (dict(rms_norm_eps="1e-5"), "rms_norm_eps"), (dict(head_dim="8"), "head_dim"),
+                                           (dict(num_key_value_heads="2"), "num_key_value_heads"),
+                                           (dict(rope_theta=None), "rope_theta"),
+                                           (dict(architectures="LlamaForCausalLM"), "architectures")])
+def test_config_field_types_are_checked(ckpt, fields, field):
+    _edit_config(ckpt, **fields)
+    with pytest.raises(ValueError, match=rf"config.json: field '{field}' must be"): load_model(ckpt)
+
+@pytest.mark.parametrize("text, msg", [("[1, 2]", "expected a JSON object, got list"), ("null", "got NoneType"),
+                                       (b"\xff\xfe{}", "not UTF-8")])
+def test_config_not_an_object_or_not_utf8(ckpt, text, msg):
+    f = ckpt / "config.json"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=msg): load_model(ckpt)
+
+@pytest.mark.parametrize("target", ["../outside.safetensors", "/etc/passwd"])
+def test_index_may_not_point_outside_the_model_directory(ckpt, target):
+    names = list(load_file(str(ckpt / "model.safetensors")))
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: target for n in names}}))
+    with pytest.raises(ValueError, match="outside the model directory"): load_model(ckpt)
+
+def test_fifo_checkpoint_is_refused_not_opened(ckpt):
+    import os
+    (ckpt / "model.safetensors").unlink(); os.mkfifo(ckpt / "model.safetensors")   # opening it would block forever
+    with pytest.raises(ValueError, match="model.safetensors: not a regular file"): load_model(ckpt)
+
+@pytest.mark.parametrize("bad", [torch.zeros(16, 32, dtype=torch.int8), torch.zeros(16, 32, dtype=torch.bool),
+                                 torch.zeros(16, 32, dtype=torch.int64)])
+def test_integer_or_bool_tensor_in_a_float_parameter(ckpt, bad):
+    _rewrite(ckpt, lambda sd: sd.__setitem__("model.layers.0.self_attn.v_proj.weight", bad))
+    with pytest.raises(ValueError, match=r"tensor 'model.layers.0.self_attn.v_proj.weight' is (int8|bool|int64)"):
+        load_model(ckpt)
+
+def test_non_finite_weights_are_named_at_load(ckpt):
+    def poison(sd): sd["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
+    _rewrite(ckpt, poison)
+    with pytest.raises(ValueError, match=r"tensor 'model.layers.1.mlp.down_proj.weight' holds non-finite values"):
+        load_model(ckpt)

@@ -40,10 +40,11 @@ def workload(model, tok):
 def run_engine(model, prompts, params, **cfg):
     eng = LLMEngine(model, None, EngineConfig(**cfg))
     free0 = eng.block_manager.num_free_blocks
-    rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    seqs = [eng.requests[eng.add_request(p, sp)] for p, sp in zip(prompts, params)]   # finished ones leave the engine
     while eng.has_unfinished(): eng.step()
     assert eng.block_manager.num_free_blocks == free0, "KV blocks leaked"
-    return [eng.requests[r].output_token_ids for r in rids], eng.stats()
+    assert not eng.requests, "finished requests must leave the engine"
+    return [s.output_token_ids for s in seqs], eng.stats()
 
 @pytest.mark.parametrize("max_num_seqs", [1, 8, 64])
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
@@ -71,6 +72,7 @@ def test_no_leak_after_abort_and_errors(model, tok):
     eng = LLMEngine(model, tok, EngineConfig(num_kv_blocks=64, max_num_batched_tokens=32))
     free0 = eng.block_manager.num_free_blocks
     rids = [eng.add_request("def f(x):\n" * (i + 1), dict(temperature=0, max_tokens=30)) for i in range(6)]
+    seqs = [eng.requests[r] for r in rids]
     for bad in ("", list(range(5000)), [10**6]):
         with pytest.raises(ValueError): eng.add_request(bad)
     for _ in range(3): eng.step()
@@ -78,7 +80,7 @@ def test_no_leak_after_abort_and_errors(model, tok):
     assert eng.abort(rids[0]) and eng.abort(rids[5])            # one running, one possibly still waiting
     while eng.has_unfinished(): eng.step()
     assert eng.block_manager.num_free_blocks == free0
-    assert [eng.requests[r].finish_reason for r in rids].count("abort") == 2
+    assert [s.finish_reason for s in seqs].count("abort") == 2
 
 def test_seeded_sampling_independent_of_batch(model, tok):
     llm_ = LLM.__new__(LLM); llm_.engine = LLMEngine(model, tok, EngineConfig()); llm_.tokenizer = tok
@@ -122,11 +124,11 @@ def test_long_prompts_with_cached_prefix_and_chunked_prefill(model, tok):
     ref = [generate_one(model, None, p, sp).token_ids for p, sp in zip(prompts, params)]
     eng = LLMEngine(model, None, EngineConfig(max_num_batched_tokens=256, max_num_seqs=4))
     free0 = eng.block_manager.num_free_blocks
-    first = eng.add_request(prompts[1], params[1])               # warms the cache with the shared prefix
+    first = eng.requests[eng.add_request(prompts[1], params[1])]   # warms the cache with the shared prefix
     while eng.has_unfinished(): eng.step()
-    rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    seqs = [eng.requests[eng.add_request(p, sp)] for p, sp in zip(prompts, params)]
     while eng.has_unfinished(): eng.step()
-    assert eng.requests[first].output_token_ids == ref[1]
-    assert [eng.requests[r].output_token_ids for r in rids] == ref
-    assert all(eng.requests[rids[i]].num_cached_tokens >= 1024 for i in (1, 3, 5))   # the prefix came from the cache
+    assert first.output_token_ids == ref[1]
+    assert [s.output_token_ids for s in seqs] == ref
+    assert all(seqs[i].num_cached_tokens >= 1024 for i in (1, 3, 5))   # the prefix came from the cache
     assert all(len(p) >= 1000 for p in prompts) and eng.block_manager.num_free_blocks == free0

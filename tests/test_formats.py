@@ -150,7 +150,9 @@ def test_documented_differences_with_the_references():
     # torch give 2^-126 (code 1). At and beyond the tie they agree.
     x = np.array([1.1 * 2.0 ** -127, 1.4 * 2.0 ** -127, 1.5 * 2.0 ** -127, 2.0 ** -127], F32)
     assert ours(x, "e8m0").tolist() == [0, 0, 1, 0]
-    assert ml_cast(x, "e8m0").tolist() == [1, 1, 1, 0]
+    import ml_dtypes                          # 0.7 rounds these to nearest, as we do; earlier versions round up
+    old_ml = tuple(int(v) for v in ml_dtypes.__version__.split(".")[:2]) < (0, 7)
+    assert ml_cast(x, "e8m0").tolist() == ([1, 1, 1, 0] if old_ml else [0, 0, 1, 0])
     assert torch.from_numpy(x).to(torch.float8_e8m0fnu).view(torch.uint8).tolist() == [1, 1, 1, 0]
     # E8M0 saturating mode: zero and negatives -> the smallest scale; ml_dtypes' cast says NaN
     assert ours(np.array([0.0, -2.0], F32), "e8m0").tolist() == [0, 0]

@@ -24,9 +24,9 @@ def prompts():
 
 def run_engine(eng, prompts, max_tokens=16):
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    rids = [eng.add_request(p, sp) for p in prompts]
+    seqs = [eng.requests[eng.add_request(p, sp)] for p in prompts]
     while eng.has_unfinished(): eng.step()
-    return [eng.requests[r].output_token_ids for r in rids], eng
+    return [s.output_token_ids for s in seqs], eng
 
 def run(model, prompts, **cfg): return run_engine(LLMEngine(model, None, EngineConfig(**cfg)), prompts)
 

@@ -64,9 +64,9 @@ def test_greedy_tokens_equal_with_and_without_numpy_path():
     for use_numpy in (True, False):
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=4))
         if not use_numpy: eng.runner.numpy_decoder = None
-        rids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)) for p in prompts]
+        seqs = [eng.requests[eng.add_request(p, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))] for p in prompts]
         while eng.has_unfinished(): eng.step()
-        outs.append([eng.requests[r].output_token_ids for r in rids])
+        outs.append([s.output_token_ids for s in seqs])
     assert outs[0] == outs[1]
 
 @pytest.mark.parametrize("kw, reason", [(dict(kv_cache_dtype="fp8"), "quantized"),

@@ -24,12 +24,11 @@ def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64
     rows = []
     for b in batch_sizes:
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=b, enable_prefix_caching=False))
-        rids = [eng.add_request(p, sp) for p in prompts]
+        seqs = [eng.requests[eng.add_request(p, sp)] for p in prompts]   # finished requests leave the engine
         t0, running = time.perf_counter(), []
         while eng.has_unfinished():
             running.append(len(eng.scheduler.running)); eng.step()
         wall = time.perf_counter() - t0
-        seqs = [eng.requests[r] for r in rids]
         tpot = [(s.finish_time - s.first_token_time) / (output_len - 1) for s in seqs]
         rows.append(dict(batch=b, tok_s=num_requests * output_len / wall, tpot_ms=1e3 * sum(tpot) / len(tpot),
                          e2e_s=sum(s.finish_time - s.arrival_time for s in seqs) / len(seqs),

@@ -6,6 +6,7 @@ Docs: https://inferlab.github.io/inferlab/llm_engine.html.md"""
 
 # %% ../../nbs/16_llm_engine.ipynb #c5551e05
 from __future__ import annotations
+import threading
 import time
 from dataclasses import dataclass, field
 import torch
@@ -14,7 +15,7 @@ from ..model import load_model
 from ..tokenizer import Tokenizer, load_tokenizer, detokenize_incremental
 from ..sampling import SamplingParams, token_logprobs
 from ..generate import check_prompt, find_stop
-from ..kv_memory import num_kv_blocks
+from ..kv_memory import num_kv_blocks, kv_block_bytes, available_memory
 from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig
@@ -22,7 +23,8 @@ from .model_runner import ModelRunner, sample_batch, pack_model, calibrate_kv_sc
 from ..paged_attention import KV_CACHE_DTYPES
 
 # %% auto #0
-__all__ = ['QUANTIZATION_RECIPES', 'EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine', 'LLM']
+__all__ = ['QUANTIZATION_RECIPES', 'EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine', 'as_prompt_list',
+           'LLM']
 
 # %% ../../nbs/16_llm_engine.ipynb #3d8bed29
 QUANTIZATION_RECIPES = {"w8a16": dict(weights="int8"), "w4a16": dict(weights="int4-g128"),
@@ -52,7 +54,8 @@ class EngineConfig:
         for f in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{f}: must be an integer >= 1, got {v!r}")
-        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or isinstance(self.num_kv_blocks, bool)
+                                               or self.num_kv_blocks < 1):
             raise ValueError(f"num_kv_blocks: must be an integer >= 1 or None, got {self.num_kv_blocks!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len: must be an integer >= 2 or None, got {self.max_model_len!r}")
@@ -113,7 +116,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         cfg, ec = model.config, self.config
         self.max_model_len = min(cfg.max_position_embeddings, ec.max_model_len or cfg.max_position_embeddings)
-        n_blocks = ec.num_kv_blocks or num_kv_blocks(cfg, ec.kv_cache_memory, ec.block_size, ec.kv_cache_dtype or model.dtype)
+        kv_dtype = ec.kv_cache_dtype or model.dtype
+        n_blocks = ec.num_kv_blocks or num_kv_blocks(cfg, ec.kv_cache_memory, ec.block_size, kv_dtype)
+        need, free = n_blocks * kv_block_bytes(cfg, ec.block_size, kv_dtype), available_memory(model.device)
+        if need > free:                         # refuse before building one tensor or one block object
+            field = "num_kv_blocks" if ec.num_kv_blocks else "kv_cache_memory"
+            raise ValueError(f"{field}: a KV cache of {n_blocks:,} blocks needs {need / 2**30:,.1f} GiB; "
+                             f"{model.device} has {free / 2**30:,.1f} GiB available")
         self.block_manager = BlockManager(n_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens,
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
@@ -127,6 +136,8 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}
         self.num_steps = self.num_prefill_tokens = self.num_decode_tokens = 0
+        self._step_lock = threading.Lock()      # one caller of step() at a time (see step)
+        self._aborted: list[Sequence] = []      # aborted since the last step: their final outputs are still owed
 
     def _prepare(self, model):
         ec = self.config
@@ -153,6 +164,9 @@ class LLMEngine:
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)): ids = list(prompt)
         else: raise ValueError(f"prompt: expected text or a list of token ids, got {type(prompt).__name__}")
+        if any(isinstance(t, bool) for t in ids): raise ValueError("prompt: token ids must be integers, not booleans")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: must be an integer, got {priority!r}")
         cfg = self.model.config
         check_prompt(ids, cfg)
         if len(ids) >= self.max_model_len:
@@ -175,30 +189,81 @@ class LLMEngine:
         return rid
 
     def abort(self, request_id: str) -> bool:
-        "Stop a request now and free its blocks; False if it is unknown or already finished."
+        "Stop a request now and free its blocks; False if it is unknown or already finished. The next `step()` returns its final output."
         seq = self.requests.get(request_id)
         if seq is None or seq.is_finished: return False
         self.scheduler.finish(seq, "abort")
+        self._aborted.append(seq)
         if not self.has_unfinished(): self.runner.restore_threads()
         return True
 
-    def has_unfinished(self) -> bool: return self.scheduler.has_unfinished()
+    def _forget(self, request_id: str):
+        "A finished request whose final output was returned leaves the engine: memory stays flat over any number."
+        self.requests.pop(request_id, None); self.prompts.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        "Requests still running or waiting, or aborted ones whose final output the next `step()` returns."
+        return self.scheduler.has_unfinished() or bool(self._aborted)
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        "Schedule, run the model once, sample, update: outputs of the requests that advanced or finished."
+        """Schedule, run the model once, sample, update: outputs of the requests that advanced or finished.
+        A failure that belongs to one request (its logits, sampling, logprobs, stop checks, detokenization) ends that
+        request with `finish_reason="error"`; one that belongs to no request (the model, a kernel) ends the step's
+        requests. Either way their blocks are freed and the engine stays usable."""
+        if not self._step_lock.acquire(blocking=False):
+            raise RuntimeError("LLMEngine.step: called from two threads at once; an engine has one caller at a time "
+                               "(LLM serialises its callers; a server shares one engine through its async loop)")
+        try:
+            outputs = [self.output(s) for s in self._aborted] + self._step()
+            self._aborted.clear()
+            for out in outputs:
+                if out.finished: self._forget(out.request_id)
+            return outputs
+        finally:
+            self._step_lock.release()
+            if not self.has_unfinished(): self.runner.restore_threads()
+
+    def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch.is_empty: return []
-        samplers, logits = self.runner.execute(batch)
+        try: samplers, logits = self.runner.execute(batch)
+        except Exception as e:                  # no request to blame: end the step's requests, keep the engine
+            err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
+            return [self._fail(seq, err) for seq in batch.seqs]
         self.scheduler.update(batch)
         self.num_steps += 1
         self.num_prefill_tokens += batch.num_prefill_tokens; self.num_decode_tokens += batch.num_decode_tokens
         outputs = []
-        for i, (seq, tok) in enumerate(zip(samplers, sample_batch(logits, samplers))):
-            self._append_token(seq, tok, logits[i])
+        for i, (seq, tok) in enumerate(zip(samplers, self._sample(logits, samplers))):
+            try:
+                if isinstance(tok, Exception): raise tok
+                self._append_token(seq, tok, logits[i])
+            except Exception as e: self._fail(seq, e)
             outputs.append(self.output(seq))
-        if not self.has_unfinished(): self.runner.restore_threads()
         return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list:
+        "One token per row, or the exception that row raised: rows with non-finite logits fail alone."
+        finite = torch.isfinite(logits).all(-1).tolist()
+        if all(finite):
+            try: return sample_batch(logits, seqs)
+            except Exception: pass              # find the row at fault below
+        out = []
+        for i, seq in enumerate(seqs):
+            if not finite[i]:
+                out.append(ValueError("logits: the model produced non-finite values (NaN or inf) for this request"))
+                continue
+            try: out.append(sample_batch(logits[i:i + 1], [seq])[0])
+            except Exception as e: out.append(e)
+        return out
+
+    def _fail(self, seq: Sequence, err: Exception) -> RequestOutput:
+        "End `seq` with `finish_reason='error'` (its blocks freed); its output carries `err`."
+        if not seq.is_finished:
+            seq.error = err if isinstance(err, (ValueError, RuntimeError)) else RuntimeError(f"{type(err).__name__}: {err}")
+            self.scheduler.finish(seq, "error")
+        return self.output(seq)
 
     def _append_token(self, seq: Sequence, tok: int, logits: torch.Tensor):
         "Record a sampled token: logprobs, text, stop checks (the reference generate's rules, in its order)."
@@ -233,7 +298,7 @@ class LLMEngine:
                            seq.num_preemptions)
         return RequestOutput(seq.request_id, self.prompts.get(seq.request_id), seq.prompt_token_ids, seq.text,
                              seq.output_token_ids, seq.is_finished, seq.finish_reason, new_text,
-                             list(seq.logprobs), list(seq.top_logprobs), m)
+                             list(seq.logprobs), list(seq.top_logprobs), m, seq.error)
 
     def stats(self) -> dict:
         bm = self.block_manager
@@ -242,42 +307,69 @@ class LLMEngine:
                     prefix_hit_tokens=bm.hit_tokens, prefix_query_tokens=bm.query_tokens, free_blocks=bm.num_free_blocks, num_blocks=bm.num_blocks)
 
 # %% ../../nbs/16_llm_engine.ipynb #55cda111
+def as_prompt_list(prompts) -> list:
+    """The prompts of one `generate` call as a list: a text, a list of token ids (one prompt), or a list of texts
+    and token-id lists; anything else is a `ValueError` before any request is queued."""
+    if isinstance(prompts, str): return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts: expected a text, a list of texts or a list of token ids, got {type(prompts).__name__}")
+    prompts = list(prompts)
+    ints = [isinstance(p, int) and not isinstance(p, bool) for p in prompts]
+    if prompts and all(ints): return [prompts]                       # one prompt given as token ids
+    if any(ints) or any(isinstance(p, bool) for p in prompts):
+        raise ValueError("prompts: a list holds either token ids (one prompt) or prompts (texts or token-id lists), "
+                         "not a mix")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (str, list, tuple)):
+            raise ValueError(f"prompts[{i}]: expected a text or a list of token ids, got {type(p).__name__}")
+    return prompts
+
 class LLM:
     "Offline inference: `LLM(model=None).generate(prompts, params)`; `stream(prompt, params)` yields text pieces."
     def __init__(self, model=None, *, dtype=None, device=None, **engine_config):
         self.engine = LLMEngine.from_pretrained(model, dtype=dtype, device=device, **engine_config)
         self.tokenizer = self.engine.tokenizer
+        self._lock = threading.Lock()           # callers from several threads take turns (see generate)
 
     def generate(self, prompts, params=None, use_tqdm: bool | None = None,
                  priority: list[int] | None = None) -> list[RequestOutput]:
-        "Outputs in prompt order. `params`: one `SamplingParams` (or dict) for all, or a list. tqdm: on for >= 64 prompts."
+        """Outputs in prompt order. `params`: one `SamplingParams` (or dict) for all, or a list. tqdm: on for >= 64
+        prompts. The call is checked before anything is queued; a bad request ends alone (`finish_reason="error"`).
+        Calls from several threads are served one after the other."""
         from tqdm.auto import tqdm
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
+        prompts = as_prompt_list(prompts)
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts): raise ValueError(f"params: {len(plist)} given for {len(prompts)} prompts")
-        eng, results, ids = self.engine, [None] * len(prompts), {}
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            try: ids[eng.add_request(prompt, p, priority=priority[i] if priority else 0)] = i
-            except ValueError as e:
-                results[i] = RequestOutput(f"rejected-{i}", prompt if isinstance(prompt, str) else None,
-                                           prompt if isinstance(prompt, list) else [], finished=True,
-                                           finish_reason="error", error=e)
-        bar = tqdm(total=len(ids), desc="generate", unit="req",
-                   disable=not (use_tqdm if use_tqdm is not None else len(ids) >= 64))
-        while eng.has_unfinished():
-            for out in eng.step():
-                if out.finished and out.request_id in ids: results[ids.pop(out.request_id)] = out; bar.update(1)
-        for rid, i in ids.items(): results[i] = eng.output(eng.requests[rid])   # aborted from outside
-        bar.close()
+        if priority is not None and (not isinstance(priority, list) or len(priority) != len(prompts)):
+            raise ValueError(f"priority: expected a list of {len(prompts)} integers, got {priority!r:.60}")
+        with self._lock:
+            eng, results, ids = self.engine, [None] * len(prompts), {}
+            try:
+                for i, (prompt, p) in enumerate(zip(prompts, plist)):
+                    try: ids[eng.add_request(prompt, p, priority=priority[i] if priority else 0)] = i
+                    except ValueError as e:
+                        results[i] = RequestOutput(f"rejected-{i}", prompt if isinstance(prompt, str) else None,
+                                                   prompt if isinstance(prompt, list) else [], finished=True,
+                                                   finish_reason="error", error=e)
+                bar = tqdm(total=len(ids), desc="generate", unit="req",
+                           disable=not (use_tqdm if use_tqdm is not None else len(ids) >= 64))
+                while eng.has_unfinished():
+                    for out in eng.step():
+                        if out.finished and out.request_id in ids: results[ids.pop(out.request_id)] = out; bar.update(1)
+                bar.close()
+            finally:                            # an exception (Ctrl-C too) leaves none of this call's requests behind
+                for rid in ids: eng.abort(rid)
         return results
 
     def stream(self, prompt, params=None):
         "Yield the text of one request piece by piece as it is generated."
-        rid = self.engine.add_request(prompt, params)
-        try:
-            while True:
-                for out in self.engine.step():
-                    if out.request_id != rid: continue
-                    if out.new_text: yield out.new_text
-                    if out.finished: return
-        finally: self.engine.abort(rid)   # a consumer that stops early frees the request's blocks
+        with self._lock:
+            rid = self.engine.add_request(prompt, params)
+            try:
+                while True:
+                    for out in self.engine.step():
+                        if out.request_id != rid: continue
+                        if out.new_text: yield out.new_text
+                        if out.finished: return
+            finally:                            # a consumer that stops early frees the request's blocks
+                self.engine.abort(rid)

@@ -42,6 +42,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.finish_reason: str | None = None          # "stop", "length", "abort" or "error"
+        self.error: Exception | None = None            # why, when finish_reason is "error"
         self.generator = make_generator(self.params)   # per-request RNG: same seed, same tokens, whatever the batch
         self.text = ""                                 # detokenized output so far
         self.num_streamed_chars = 0                    # how much of `text` was handed out as streamed pieces

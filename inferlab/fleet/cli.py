@@ -14,7 +14,7 @@ from .autoscale import (TrafficBased, KPA, HPA, RayServe, knative_annotations, k
 from .sim import simulate, SLO
 
 # %% auto #0
-__all__ = ['POLICIES', 'build_parser', 'make_policy', 'main']
+__all__ = ['POLICIES', 'MAX_REQUESTS', 'MAX_TICKS', 'MAX_DURATION', 'build_parser', 'make_policy', 'main', 'check_limits']
 
 # %% ../../nbs/66_cli.ipynb #3c614a0c
 POLICIES = ("fixed", "traffic", "kpa", "hpa", "ray")
@@ -25,9 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--traffic", default="conversation", choices=sorted(PRESETS), help="length/arrival preset")
     t.add_argument("--trace", help="replay a CSV trace (timestamp, prompt tokens, output tokens) instead")
     t.add_argument("--speedup", type=float, default=1.0, help="compress the trace's time by this factor")
-    t.add_argument("--rate", type=float, help="mean requests/s (default: the preset's)")
-    t.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
-    t.add_argument("--cv", type=float, help="coefficient of variation of the gaps (1 = Poisson)")
+    t.add_argument("--rate", type=float, help="mean requests/s, > 0 (default: the preset's); rate x duration "
+                   "at most 5,000,000 requests")
+    t.add_argument("--duration", type=float, default=600.0, help="seconds of traffic, at most 30 days")
+    t.add_argument("--cv", type=float, help="coefficient of variation of the gaps, in (0, 100] (1 = Poisson)")
     t.add_argument("--diurnal", type=float, default=0.0, help="daily swing amplitude in [0, 1), one cycle over --duration")
     t.add_argument("--spike", action="append", default=[], metavar="START:SECONDS:FACTOR", help="multiply the rate for a while")
     t.add_argument("--seed", type=int, default=0)
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--scale-down-delay", type=float, default=300.0)
     a.add_argument("--concurrency-target", type=float, default=16.0)
     a.add_argument("--target-utilization", type=float, default=0.7)
-    a.add_argument("--tick", type=float, default=2.0, help="autoscaler tick, s")
+    a.add_argument("--tick", type=float, default=2.0, help="autoscaler tick, s (at most 2,000,000 ticks per run)")
     o = p.add_argument_group("output")
     o.add_argument("--slo-ttft", type=float, default=2.0)
     o.add_argument("--slo-tpot", type=float, default=0.2)
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]: argv = argv[1:]
     a = build_parser().parse_args(argv)
     try:
+        check_limits(a)
         pol = make_policy(a)
         if a.export:
             tb = TrafficBased(a.min_replicas, a.max_replicas, a.window, a.scale_down_delay, a.concurrency_target, a.target_utilization)
@@ -114,3 +116,31 @@ def _in_notebook() -> bool:
     except NameError: return False
 
 if __name__ == "__main__" and not _in_notebook(): sys.exit(main())
+
+# %% ../../nbs/66_cli.ipynb #cbdcee4a
+MAX_REQUESTS = 5_000_000        # requests one run may simulate (rate x duration): ~1 GB of records
+MAX_TICKS = 2_000_000           # autoscaler ticks (duration / tick)
+MAX_DURATION = 30 * 86400.0     # seconds of traffic: a month
+
+def check_limits(a: argparse.Namespace) -> None:
+    "ValueError naming the option when a number is not finite, out of range, or the run would be too large."
+    import math
+    def finite(name, v, lo=None, lo_open=False):
+        if v is None: return
+        if isinstance(v, float) and not math.isfinite(v): raise ValueError(f"--{name}: must be a finite number, got {v}")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise ValueError(f"--{name}: must be {'>' if lo_open else '>='} {lo}, got {v}")
+    for name, lo, op in [("rate", 0, True), ("duration", 0, True), ("cv", 0, True), ("speedup", 0, True),
+                         ("tick", 0, True), ("window", 0, True), ("scale-down-delay", 0, False),
+                         ("concurrency-target", 0, True), ("target-utilization", 0, True), ("slo-ttft", 0, True),
+                         ("slo-tpot", 0, True), ("queue-timeout", 0, True), ("diurnal", 0, False)]:
+        finite(name, getattr(a, name.replace("-", "_")), lo, op)
+    if a.cv is not None and a.cv > 100: raise ValueError(f"--cv: must be <= 100, got {a.cv}")
+    if a.duration > MAX_DURATION: raise ValueError(f"--duration: at most {MAX_DURATION:.0f} s (30 days), got {a.duration:g}")
+    if a.trace is None:
+        rate = a.rate if a.rate is not None else PRESETS[a.traffic].rate
+        if rate * a.duration > MAX_REQUESTS:
+            raise ValueError(f"--rate x --duration: {rate:g} req/s for {a.duration:g} s is {rate * a.duration:,.0f} "
+                             f"requests; at most {MAX_REQUESTS:,} per run")
+    if a.duration / a.tick > MAX_TICKS:
+        raise ValueError(f"--tick: {a.tick:g} s over {a.duration:g} s is {a.duration / a.tick:,.0f} ticks; at most {MAX_TICKS:,}")
