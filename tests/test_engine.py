@@ -83,7 +83,7 @@ def test_no_leak_after_abort_and_errors(model, tok):
     assert [s.finish_reason for s in seqs].count("abort") == 2
 
 def test_seeded_sampling_independent_of_batch(model, tok):
-    llm_ = LLM.__new__(LLM); llm_.engine = LLMEngine(model, tok, EngineConfig()); llm_.tokenizer = tok
+    llm_ = LLM.from_engine(LLMEngine(model, tok, EngineConfig()))
     sp = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=7, max_tokens=24)
     alone = llm_.generate(["import os\n"], sp)[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=24, seed=None)] * 63
@@ -100,7 +100,7 @@ def test_seeded_sampling_independent_of_batch(model, tok):
     ("x", dict(top_p=1.5), "top_p"),
 ])
 def test_bad_request_fails_alone(model, tok, prompt, params, match):
-    llm_ = LLM.__new__(LLM); llm_.engine = LLMEngine(model, tok, EngineConfig(num_kv_blocks=256)); llm_.tokenizer = tok
+    llm_ = LLM.from_engine(LLMEngine(model, tok, EngineConfig(num_kv_blocks=256)))
     free0 = llm_.engine.block_manager.num_free_blocks
     good = SamplingParams(temperature=0, max_tokens=8)
     outs = llm_.generate(["def f(x):", prompt, "import sys"], [good, params, good])

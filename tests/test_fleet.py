@@ -138,7 +138,7 @@ def test_cli_runs_and_validates():
             assert main(["--policy", pol, "--duration", "60", "--rate", "3"]) == 0
     err = io.StringIO()
     with contextlib.redirect_stderr(err): assert main(["--concurrency-target", "0"]) == 2
-    assert "concurrency_target" in err.getvalue()
+    assert "--concurrency-target" in err.getvalue()
 
 from hypothesis import given, settings, strategies as st
 

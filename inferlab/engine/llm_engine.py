@@ -327,8 +327,16 @@ def as_prompt_list(prompts) -> list:
 class LLM:
     "Offline inference: `LLM(model=None).generate(prompts, params)`; `stream(prompt, params)` yields text pieces."
     def __init__(self, model=None, *, dtype=None, device=None, **engine_config):
-        self.engine = LLMEngine.from_pretrained(model, dtype=dtype, device=device, **engine_config)
-        self.tokenizer = self.engine.tokenizer
+        self._attach(LLMEngine.from_pretrained(model, dtype=dtype, device=device, **engine_config))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        "The offline API over an engine built by hand (a model already in memory, a custom config)."
+        llm = cls.__new__(cls); llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: LLMEngine):
+        self.engine, self.tokenizer = engine, engine.tokenizer
         self._lock = threading.Lock()           # callers from several threads take turns (see generate)
 
     def generate(self, prompts, params=None, use_tqdm: bool | None = None,
