@@ -23,7 +23,8 @@ from ..sampling import sample, token_logprobs
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
-           'KMajorLinear', 'pack_model', 'NumpyDecoder', 'CpuThreads', 'ModelRunner', 'sample_batch']
+           'KMajorLinear', 'pack_model', 'NumpyDecoder', 'cgroup_cpu_limit', 'CpuThreads', 'ModelRunner',
+           'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
 @dataclass
@@ -273,6 +274,19 @@ def _busy_seconds(cpus: set[int]) -> float | None:
         busy += sum(ticks) - ticks[3] - ticks[4]
     return busy / os.sysconf("SC_CLK_TCK")
 
+def cgroup_cpu_limit() -> int | None:
+    "Cores a CPU quota allows this process (cgroup v2 `cpu.max`, or v1 CFS quota), or None when there is none."
+    import math
+    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
+                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            fields = open(quota_file).read().split()
+            quota, period = fields[0], (fields[1] if period_file is None else open(period_file).read().strip())
+        except (OSError, IndexError): continue
+        if quota in ("max", "-1"): return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    return None
+
 class CpuThreads:
     """The one owner of the CPU thread pools a step uses: torch's intra-op threads and NumPy's BLAS threads
     (through `threadpoolctl`). `budget` is the cores this process may use (affinity) minus those other processes
@@ -280,7 +294,8 @@ class CpuThreads:
     def __init__(self, max_threads: int | None = None, interval: float = 0.5):
         from threadpoolctl import ThreadpoolController
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-        self.max_threads = max(1, min(max_threads or torch.get_num_threads(), len(self.cpus)))
+        cores = min(len(self.cpus), cgroup_cpu_limit() or len(self.cpus))   # a container's quota counts too
+        self.max_threads = max(1, min(max_threads or torch.get_num_threads(), cores))
         self.budget, self.interval, self.others = self.max_threads, interval, 0.0
         self.blas = ThreadpoolController().select(user_api="blas")
         self.saved = (torch.get_num_threads(), [lib.get_num_threads() for lib in self.blas.lib_controllers])
