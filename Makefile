@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HEADER ?= \# Small helpers for files, paths and text, kept in one module for reuse.\nimport os\nimport re\nimport sys\nimport json\nimport shutil\n\n
 PROMPT ?= import os\n\ndef list_files(path):
 
-.PHONY: run test bench bench-vllm gpu-check docs wheel-check install install-dev install-docs export check-export clean
+.PHONY: run test bench bench-vllm gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ test: check-export
 ## docs: the site, built offline from the executed notebooks into _site/
 docs: install-docs
 	MPLBACKEND=Agg $(BIN)/python docs/build.py
+
+## docs-check: build the site, then load every page in headless Chromium (Debian's chromium, driven by Playwright):
+## console errors, failed requests, MathJax errors, broken links or anchors, code clipped at 1440 px
+docs-check: docs
+	@command -v chromium >/dev/null || { apt-get install -y -q chromium >/dev/null || { echo "docs-check needs Debian's chromium (apt-get install chromium)"; exit 1; }; }
+	$(BIN)/python tools/docs_check.py --site _site
 
 ## wheel-check: build the wheel, install it into a fresh venv outside the repository, generate there
 wheel-check: install-dev

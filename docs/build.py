@@ -37,7 +37,16 @@ SECTIONS = {0: "Model", 1: "Runtime", 2: "Quantization", 3: "Speculative decodin
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ('<div class="nb-widget-note">Interactive in Jupyter: run this notebook in a kernel to get the '
                'controls. Shown here: its output for the default values.</div>')
-MATHJAX_LOCAL = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+MATHJAX_LOCAL = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe,local/inferlab"
+# Loaded by the URL above from assets/mathjax/config/local/: jupyter-server-mathjax ships only the STIX-Web fonts
+# (MathJax's default TeX fonts 404, and primes such as m' then fail to typeset), and code is never typeset, so a
+# copy button copies the code as written (`\[32, 32\]`, `"cost $"`), not a "[Math Processing Error]".
+MATHJAX_LOCAL_CONFIG = """MathJax.Hub.Config({
+  "HTML-CSS": {availableFonts: ["STIX-Web"], preferredFont: "STIX-Web", webFont: "STIX-Web", imageFont: null},
+  tex2jax: {ignoreClass: "tex2jax_ignore|highlight|highlight-ipynb|jp-InputArea|jp-InputArea-editor|md-clipboard|jp-OutputArea-output"}
+});
+MathJax.Ajax.loadComplete("[MathJax]/config/local/inferlab.js");
+"""
 MATHJAX_CDN = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js?config=TeX-AMS_CHTML-full,Safe"
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _CHAPTER = re.compile(r"^(\d)(\d)_")
@@ -251,6 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-exec", action="store_true", help="reuse the executed copies in _proc/ from the last build")
     args = ap.parse_args(argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["TQDM_DISABLE"] = "1"      # stderr progress bars render as pink blocks on a static page
     os.environ["NO_MKDOCS_2_WARNING"] = "1"
     t0, failed = time.time(), []
 
@@ -298,7 +308,10 @@ def main(argv=None) -> int:
     log(f"Building the site with mkdocs-material ({cfg.relative_to(ROOT)})")
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(cfg)], cwd=BUILD)
     if r.returncode: log(f"Docs build FAILED: mkdocs exited with {r.returncode}"); return 1
-    if mathjax: shutil.copytree(mathjax, SITE / "assets" / "mathjax")
+    if mathjax:
+        shutil.copytree(mathjax, SITE / "assets" / "mathjax")
+        (SITE / "assets" / "mathjax" / "config" / "local").mkdir(parents=True, exist_ok=True)
+        (SITE / "assets" / "mathjax" / "config" / "local" / "inferlab.js").write_text(MATHJAX_LOCAL_CONFIG)
     else: log("note: jupyter-server-mathjax is not installed: pages load MathJax from a CDN (math needs a network)")
 
     # 5: every page is there with its figures

@@ -112,7 +112,6 @@ class LLMEngine:
     "The engine loop: `add_request`, then `step()` until `has_unfinished()` is False; `abort` at any time."
     def __init__(self, model, tokenizer: Tokenizer | None, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
-        self.model = self._prepare(model)       # a packed (and maybe quantized) copy: the caller's model is not changed
         self.tokenizer = tokenizer
         cfg, ec = model.config, self.config
         self.max_model_len = min(cfg.max_position_embeddings, ec.max_model_len or cfg.max_position_embeddings)
@@ -123,6 +122,7 @@ class LLMEngine:
             field = "num_kv_blocks" if ec.num_kv_blocks else "kv_cache_memory"
             raise ValueError(f"{field}: a KV cache of {n_blocks:,} blocks needs {need / 2**30:,.1f} GiB; "
                              f"{model.device} has {free / 2**30:,.1f} GiB available")
+        self.model = self._prepare(model)       # a packed (and maybe quantized) copy: the caller's model is not changed
         self.block_manager = BlockManager(n_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens,
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
