@@ -39,11 +39,12 @@ WIDGET_NOTE = ('<div class="nb-widget-note">Interactive in Jupyter: run this not
                'controls. Shown here: its output for the default values.</div>')
 MATHJAX_LOCAL = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe,local/inferlab"
 # Loaded by the URL above from assets/mathjax/config/local/: jupyter-server-mathjax ships only the STIX-Web fonts
-# (MathJax's default TeX fonts 404, and primes such as m' then fail to typeset), and code is never typeset, so a
+# (MathJax's default TeX fonts 404, and primes such as m' then fail to typeset), so HTML-CSS output uses them; and
+# code is never typeset, so a
 # copy button copies the code as written (`\[32, 32\]`, `"cost $"`), not a "[Math Processing Error]".
 MATHJAX_LOCAL_CONFIG = """MathJax.Hub.Config({
   "HTML-CSS": {availableFonts: ["STIX-Web"], preferredFont: "STIX-Web", webFont: "STIX-Web", imageFont: null},
-  tex2jax: {ignoreClass: "tex2jax_ignore|highlight|highlight-ipynb|jp-InputArea|jp-InputArea-editor|md-clipboard|jp-OutputArea-output"}
+  tex2jax: {ignoreClass: "tex2jax_ignore|jp-CodeCell|highlight|highlight-ipynb|md-clipboard"}
 });
 MathJax.Ajax.loadComplete("[MathJax]/config/local/inferlab.js");
 """
@@ -236,6 +237,27 @@ def mathjax_dir() -> Path | None:
     return d if (d / "MathJax.js").exists() else None
 
 
+# mkdocs-jupyter takes a page's title and table of contents from Python-Markdown's TOC of the notebook as Markdown,
+# (via nbconvert), which drops inline code from headings: "Parity with `transformers`" became the title "Parity
+# with" and the anchor #parity-with, while the page's heading id is parity-with-transformers. Here the TOC is read
+# from the notebook's own Markdown cells with the backticks removed (the code's text kept), so titles, tabs,
+# search and anchors keep the names.
+MKDOCS_KEEPING_CODE_IN_HEADINGS = """
+import re, sys
+import nbformat
+import mkdocs_jupyter.plugin as plugin
+def _toc_tokens(fpath, toc_depth):
+    cells = nbformat.read(str(fpath), as_version=4).cells
+    source = "\\n\\n".join(c.source for c in cells if c.cell_type == "markdown")
+    source = re.sub(r"^(#{1,6} .*)$", lambda m: m.group(1).replace("`", ""), source, flags=re.M)
+    tokens = plugin._get_markdown_toc(source, toc_depth)
+    return tokens, next((t["name"] for t in tokens if t["level"] == 1), None)
+plugin._get_nb_toc_tokens = _toc_tokens
+from mkdocs.__main__ import cli
+sys.exit(cli())
+"""
+
+
 def write_config(nav: list, mathjax: Path | None) -> Path:
     import yaml
     cfg = yaml.safe_load((HERE / "mkdocs.yml").read_text())
@@ -306,7 +328,8 @@ def main(argv=None) -> int:
     mathjax = mathjax_dir()
     cfg = write_config(nav_of(pages), mathjax)
     log(f"Building the site with mkdocs-material ({cfg.relative_to(ROOT)})")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(cfg)], cwd=BUILD)
+    r = subprocess.run([sys.executable, "-c", MKDOCS_KEEPING_CODE_IN_HEADINGS, "build", "--strict", "--quiet", "-f",
+                        str(cfg)], cwd=BUILD)
     if r.returncode: log(f"Docs build FAILED: mkdocs exited with {r.returncode}"); return 1
     if mathjax:
         shutil.copytree(mathjax, SITE / "assets" / "mathjax")

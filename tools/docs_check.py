@@ -20,8 +20,11 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 # In the page: wait for MathJax, then collect what the check needs.
 PROBE = """async () => {
   if (window.MathJax && MathJax.Hub) await new Promise(r => MathJax.Hub.Queue(r));
+  // an error box, or maths left as TeX source in the prose ($...$ that MathJax never typeset)
+  const prose = [...document.querySelectorAll('.jp-RenderedMarkdown, .md-typeset > p')].map(e => e.innerText).join('\\n');
   const errors = document.querySelectorAll('.MathJax_Error, [data-mjx-error]').length
-               + (document.body.innerText.match(/\\[Math Processing Error\\]/g) || []).length;
+               + (document.body.innerText.match(/\\[Math Processing Error\\]/g) || []).length
+               + (prose.match(/\\$[^$\\s][^$\\n]*\\$/g) || []).length;
   const clipped = [...document.querySelectorAll('pre')].filter(p => p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1).length;
   const ids = [...document.querySelectorAll('[id]')].map(e => e.id);
   const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
@@ -53,6 +56,7 @@ def check(site: Path, width: int = 1440, timeout_ms: int = 60_000) -> dict:
                 page.on("requestfailed", lambda r, b=bad: b["requests"].append(r.url))
                 page.on("response", lambda r, b=bad: b["requests"].append(f"{r.status} {r.url}") if r.status >= 400 else None)
                 page.goto(base + name, wait_until="networkidle", timeout=timeout_ms)
+                page.set_default_timeout(timeout_ms)             # a MathJax queue that never drains fails the page
                 probe = page.evaluate(PROBE)
                 found[name] = set(probe["ids"])
                 per_page[name] = dict(console=bad["console"], requests=bad["requests"], mathjax=probe["errors"],
