@@ -140,3 +140,9 @@ def test_impossible_kv_pool_is_refused_at_once(kw, field):
     t = time.perf_counter()
     with pytest.raises(ValueError, match=field): LLM(**kw)
     assert time.perf_counter() - t < 10
+
+def test_generate_cli_with_an_empty_prompt_exits_cleanly(capsys):
+    from inferlab.cli import main
+    assert main(["generate", "", "--max-tokens", "4"]) == 2          # the error, then no summary and no traceback
+    err = capsys.readouterr()
+    assert "prompt: is empty" in err.out + err.err and "Traceback" not in err.out + err.err
