@@ -16,9 +16,9 @@ from .engine.llm_engine import LLMEngine, EngineConfig
 
 # %% auto #0
 __all__ = ['OFFLINE_BATCHES', 'memory_bandwidth', 'llama_100m_config', 'random_model', 'hf_twin', 'make_workload',
-           'corpus_token_ids', 'text_workload', 'bench_workloads', 'with_context', 'hf_offline', 'run_engine',
-           'inferlab_offline', 'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'median_mbu',
-           'ttft_shared_prefix', 'decode_bytes_per_token', 'hf_prefill', 'inferlab_prefill', 'BusyLoad',
+           'corpus_token_ids', 'text_workload', 'bench_workloads', 'with_context', 'left_padded', 'hf_offline',
+           'run_engine', 'inferlab_offline', 'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates',
+           'median_mbu', 'ttft_shared_prefix', 'decode_bytes_per_token', 'hf_prefill', 'inferlab_prefill', 'BusyLoad',
            'step_profiles', 'format_profiles', 'throughput_rows', 'run_bench', 'main']
 
 # %% ../nbs/18_bench.ipynb #0f68d762
@@ -105,16 +105,22 @@ def with_context(model: CausalLM, max_positions: int) -> CausalLM:
     return m
 
 # %% ../nbs/18_bench.ipynb #997be731
+def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    "Token ids and attention mask `[B, longest]` with each prompt right-aligned (HF's batched-generate layout)."
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for r, p in enumerate(prompts): ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
+    return ids, mask
+
 @torch.inference_mode()
 def hf_offline(hf, workload, batch_size: int) -> float:
     "Seconds for HF `generate` to run `workload` in arrival order, static left-padded batches of `batch_size`."
     t0 = time.perf_counter()
     for i in range(0, len(workload), batch_size):
         chunk = workload[i:i + batch_size]
-        width, new = max(len(p) for p, _ in chunk), max(o for _, o in chunk)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros(len(chunk), width, dtype=torch.long)
-        for r, (p, _) in enumerate(chunk): ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
+        ids, mask = left_padded([p for p, _ in chunk])
+        new = max(o for _, o in chunk)
         hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                     pad_token_id=0)
     return time.perf_counter() - t0
@@ -207,11 +213,7 @@ def hf_prefill(hf, prompts: list[list[int]], batch_size: int) -> float:
     "Seconds for HF's forward pass over `prompts` in left-padded batches of `batch_size`."
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        width = max(len(p) for p in chunk)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros(len(chunk), width, dtype=torch.long)
-        for r, p in enumerate(chunk): ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
+        ids, mask = left_padded(prompts[i:i + batch_size])
         hf(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
     return time.perf_counter() - t0
 

@@ -193,8 +193,7 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None or seq.is_finished: return False
         self.scheduler.finish(seq, "abort")
-        self._aborted.append(seq)
-        if not self.has_unfinished(): self.runner.restore_threads()
+        self._aborted.append(seq)              # (the next step hands back its threads when the engine is idle)
         return True
 
     def _forget(self, request_id: str):
