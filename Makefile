@@ -63,8 +63,9 @@ check-export: export
 	@changed="$$(git status --porcelain -- inferlab)"; \
 	if [ -n "$$changed" ]; then echo "$$changed"; echo "nbdev-export changed inferlab/: run nbdev-export and commit"; exit 1; fi
 
-## test: everything CI runs: export check, every notebook (one test each), tests/
+## test: everything CI runs: export check, the layering check (tools/check_layers.py), every notebook (one test each), tests/
 test: check-export
+	$(BIN)/python tools/check_layers.py
 	MPLBACKEND=Agg $(BIN)/python -m pytest tests
 
 ## docs: the site, built offline from the executed notebooks into _site/

@@ -14,9 +14,9 @@ __all__ = ['build_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #7b47bf72
 def _generate(args) -> int:
-    from inferlab.engine.llm_engine import LLM
-    from inferlab.sampling import SamplingParams
-    from inferlab.tokenizer import load_generation_config
+    from inferlab.llm import LLM
+    from inferlab.model.sampling import SamplingParams
+    from inferlab.model.tokenizer import load_generation_config
     gen_cfg = load_generation_config(args.model)      # the checkpoint author's defaults, when it ships them
     def pick(flag, key, default): return flag if flag is not None else gen_cfg.get(key, default)
     params = SamplingParams(temperature=pick(args.temperature, "temperature", 0.8), top_p=pick(args.top_p, "top_p", 0.95),
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferlab.fleet.cli import main as simulate_main
         return simulate_main(argv[1:])
     if argv[:1] == ["bench"]:
-        from inferlab.bench import main as bench_main
+        from inferlab.frontier.bench import main as bench_main
         return bench_main(argv[1:])
     if argv[:1] == ["bench-vllm"]:
-        from inferlab.vs_vllm import main as vs_vllm_main
+        from inferlab.frontier.vs_vllm import main as vs_vllm_main
         return vs_vllm_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

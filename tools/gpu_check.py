@@ -127,7 +127,7 @@ def ragged_lengths(ctx: Ctx, n: int, lo: int, hi: int, seed: int = 0) -> list[in
 
 @check("store_kv")
 def check_store_kv(ctx: Ctx):
-    from inferlab.paged_attention import store_kv_reference, store_kv_triton
+    from inferlab.engine.paged_attention import store_kv_reference, store_kv_triton
     T, hkv, d, bs = (40, 2, 32, 16) if ctx.smoke else (16384, 8, 128, 16)
     for dtype in (torch.bfloat16, torch.float32):
         pool = T // bs + 4
@@ -159,7 +159,7 @@ def decode_cases(ctx: Ctx):
 
 @check("decode")
 def check_decode(ctx: Ctx):
-    from inferlab.paged_attention import paged_decode_reference, paged_decode_triton, decode_num_splits
+    from inferlab.engine.paged_attention import paged_decode_reference, paged_decode_triton, decode_num_splits
     for name, lens, hq, hkv, d, bs, window, splits in decode_cases(ctx):
         for dtype in (torch.bfloat16, torch.float32):
             q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, dtype)
@@ -178,7 +178,7 @@ def check_decode(ctx: Ctx):
 @check("decode_kv8")
 def check_decode_kv8(ctx: Ctx):
     "Paged decode over 8-bit KV blocks (fp8 E4M3 needs sm89+, int8 any GPU): codes x per-head scale on read."
-    from inferlab.paged_attention import paged_decode_reference, paged_decode_triton, kv_quantize, kv_scale
+    from inferlab.engine.paged_attention import paged_decode_reference, paged_decode_triton, kv_quantize, kv_scale
     name, lens, hq, hkv, d, bs, window, splits = decode_cases(ctx)[0]
     for code in (torch.float8_e4m3fn, torch.int8):
         q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, torch.bfloat16)
@@ -217,7 +217,7 @@ def prefill_flops(seq_lens, q_lens, hq, d, window) -> float:
 
 @check("prefill")
 def check_prefill(ctx: Ctx):
-    from inferlab.paged_attention import paged_prefill_reference, paged_prefill_triton
+    from inferlab.engine.paged_attention import paged_prefill_reference, paged_prefill_triton
     for name, lens, q_lens, hq, hkv, d, bs, window in prefill_cases(ctx):
         flops = prefill_flops(lens, q_lens, hq, d, window)
         for dtype in (torch.bfloat16, torch.float32):
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CHECKS]
     if unknown: p.error(f"unknown check(s) {unknown}; known: {list(CHECKS)}")
     if a.interpret_smoke:
-        from inferlab.paged_attention import interpreter_ready
+        from inferlab.engine.paged_attention import interpreter_ready
         if not interpreter_ready(): print("triton was imported before TRITON_INTERPRET=1 could be set"); return 2
         ctx = Ctx(torch.device("cpu"), a.peak_gbps, a.peak_tflops, smoke=True)
         print("interpreter smoke run: tiny shapes on the CPU; times and bandwidths mean nothing")

@@ -1,4 +1,4 @@
-"""`LLMEngine` joins tokenizer, scheduler, block manager, model runner and sampler into `add_request` / `step` / `abort`; `LLM` is the offline API on top: `LLM().generate(prompts, params)` and `LLM().stream(prompt)`.
+"""`LLMEngine` joins tokenizer, scheduler, block manager, model runner and sampler into `add_request` / `step` / `abort`: the loop every front end (the `LLM` API of chapter 17, the server of chapter 5x) drives.
 
 Docs: https://inferlab.github.io/inferlab/llm_engine.html.md"""
 
@@ -10,27 +10,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 import torch
-from ..config import load_config, resolve_model_path
-from ..model import load_model
-from ..tokenizer import Tokenizer, load_tokenizer, detokenize_incremental
-from ..sampling import SamplingParams, token_logprobs
-from ..generate import check_prompt, find_stop
-from ..kv_memory import num_kv_blocks, kv_block_bytes, available_memory
+from ..model.config import load_config, resolve_model_path
+from ..model.model import load_model
+from ..model.tokenizer import Tokenizer, load_tokenizer, detokenize_incremental
+from ..model.sampling import SamplingParams, token_logprobs
+from ..model.generate import check_prompt, find_stop
+from .kv_memory import num_kv_blocks, kv_block_bytes, available_memory
 from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig
 from .model_runner import ModelRunner, sample_batch, pack_model, calibrate_kv_scales
-from ..paged_attention import KV_CACHE_DTYPES
+from .paged_attention import KV_CACHE_DTYPES
 
 # %% auto #0
-__all__ = ['QUANTIZATION_RECIPES', 'EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine', 'as_prompt_list',
-           'LLM']
+__all__ = ['EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine']
 
 # %% ../../nbs/16_llm_engine.ipynb #3d8bed29
-QUANTIZATION_RECIPES = {"w8a16": dict(weights="int8"), "w4a16": dict(weights="int4-g128"),
-                        "w8a8": dict(weights="int8", activations="int8"), "fp8": dict(weights="fp8"),
-                        "mxfp4": dict(weights="mxfp4"), "nvfp4": dict(weights="nvfp4")}
-
 @dataclass
 class EngineConfig:
     block_size: int = 16
@@ -43,12 +38,9 @@ class EngineConfig:
     max_model_len: int | None = None           # None: the model's max_position_embeddings
     policy: str = "fcfs"
     pack_weights: bool = True                  # fused q/k/v and gate/up, K-major on CPU (chapter 15)
-    quantization: str | None = None            # weights (and activations): see QUANTIZATION_RECIPES (chapter 23)
     kv_cache_dtype: str | None = None          # "fp8" (E4M3) or "int8" KV blocks with per-head scales (chapter 13)
 
     def __post_init__(self):
-        if self.quantization is not None and self.quantization not in QUANTIZATION_RECIPES:
-            raise ValueError(f"quantization: {self.quantization!r} is not supported; valid: None, {', '.join(QUANTIZATION_RECIPES)}")
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported; valid: None, {', '.join(KV_CACHE_DTYPES)}")
         for f in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
@@ -122,7 +114,7 @@ class LLMEngine:
             field = "num_kv_blocks" if ec.num_kv_blocks else "kv_cache_memory"
             raise ValueError(f"{field}: a KV cache of {n_blocks:,} blocks needs {need / 2**30:,.1f} GiB; "
                              f"{model.device} has {free / 2**30:,.1f} GiB available")
-        self.model = self._prepare(model)       # a packed (and maybe quantized) copy: the caller's model is not changed
+        self.model = self._prepare(model)       # a packed copy: the caller's model is not changed
         self.block_manager = BlockManager(n_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens,
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
@@ -140,11 +132,7 @@ class LLMEngine:
         self._aborted: list[Sequence] = []      # aborted since the last step: their final outputs are still owed
 
     def _prepare(self, model):
-        ec = self.config
-        if ec.quantization is None: return pack_model(model) if ec.pack_weights else model
-        from inferlab.quant.quantize import quantize, QuantRecipe
-        packed = pack_model(model, k_major=False)   # fused, plain nn.Linear: what the recipes quantize
-        return quantize(packed, QuantRecipe(**QUANTIZATION_RECIPES[ec.quantization]))
+        return pack_model(model) if self.config.pack_weights else model
 
     @classmethod
     def from_pretrained(cls, model=None, dtype=None, device=None, **config) -> "LLMEngine":
@@ -304,79 +292,3 @@ class LLMEngine:
         return dict(steps=self.num_steps, prefill_tokens=self.num_prefill_tokens, decode_tokens=self.num_decode_tokens,
                     preemptions=self.scheduler.num_preemptions, prefix_hit_rate=bm.hit_rate,
                     prefix_hit_tokens=bm.hit_tokens, prefix_query_tokens=bm.query_tokens, free_blocks=bm.num_free_blocks, num_blocks=bm.num_blocks)
-
-# %% ../../nbs/16_llm_engine.ipynb #55cda111
-def as_prompt_list(prompts) -> list:
-    """The prompts of one `generate` call as a list: a text, a list of token ids (one prompt), or a list of texts
-    and token-id lists; anything else is a `ValueError` before any request is queued."""
-    if isinstance(prompts, str): return [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise ValueError(f"prompts: expected a text, a list of texts or a list of token ids, got {type(prompts).__name__}")
-    prompts = list(prompts)
-    ints = [isinstance(p, int) and not isinstance(p, bool) for p in prompts]
-    if prompts and all(ints): return [prompts]                       # one prompt given as token ids
-    if any(ints) or any(isinstance(p, bool) for p in prompts):
-        raise ValueError("prompts: a list holds either token ids (one prompt) or prompts (texts or token-id lists), "
-                         "not a mix")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, (str, list, tuple)):
-            raise ValueError(f"prompts[{i}]: expected a text or a list of token ids, got {type(p).__name__}")
-    return prompts
-
-class LLM:
-    "Offline inference: `LLM(model=None).generate(prompts, params)`; `stream(prompt, params)` yields text pieces."
-    def __init__(self, model=None, *, dtype=None, device=None, **engine_config):
-        self._attach(LLMEngine.from_pretrained(model, dtype=dtype, device=device, **engine_config))
-
-    @classmethod
-    def from_engine(cls, engine: LLMEngine) -> "LLM":
-        "The offline API over an engine built by hand (a model already in memory, a custom config)."
-        llm = cls.__new__(cls); llm._attach(engine)
-        return llm
-
-    def _attach(self, engine: LLMEngine):
-        self.engine, self.tokenizer = engine, engine.tokenizer
-        self._lock = threading.Lock()           # callers from several threads take turns (see generate)
-
-    def generate(self, prompts, params=None, use_tqdm: bool | None = None,
-                 priority: list[int] | None = None) -> list[RequestOutput]:
-        """Outputs in prompt order. `params`: one `SamplingParams` (or dict) for all, or a list. tqdm: on for >= 64
-        prompts. The call is checked before anything is queued; a bad request ends alone (`finish_reason="error"`).
-        Calls from several threads are served one after the other."""
-        from tqdm.auto import tqdm
-        prompts = as_prompt_list(prompts)
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        if len(plist) != len(prompts): raise ValueError(f"params: {len(plist)} given for {len(prompts)} prompts")
-        if priority is not None and (not isinstance(priority, list) or len(priority) != len(prompts)):
-            raise ValueError(f"priority: expected a list of {len(prompts)} integers, got {priority!r:.60}")
-        with self._lock:
-            eng, results, ids = self.engine, [None] * len(prompts), {}
-            try:
-                for i, (prompt, p) in enumerate(zip(prompts, plist)):
-                    try: ids[eng.add_request(prompt, p, priority=priority[i] if priority else 0)] = i
-                    except ValueError as e:
-                        results[i] = RequestOutput(f"rejected-{i}", prompt if isinstance(prompt, str) else None,
-                                                   prompt if isinstance(prompt, list) else [], finished=True,
-                                                   finish_reason="error", error=e)
-                bar = tqdm(total=len(ids), desc="generate", unit="req",
-                           disable=not (use_tqdm if use_tqdm is not None else len(ids) >= 64))
-                while eng.has_unfinished():
-                    for out in eng.step():
-                        if out.finished and out.request_id in ids: results[ids.pop(out.request_id)] = out; bar.update(1)
-                bar.close()
-            finally:                            # an exception (Ctrl-C too) leaves none of this call's requests behind
-                for rid in ids: eng.abort(rid)
-        return results
-
-    def stream(self, prompt, params=None):
-        "Yield the text of one request piece by piece as it is generated."
-        with self._lock:
-            rid = self.engine.add_request(prompt, params)
-            try:
-                while True:
-                    for out in self.engine.step():
-                        if out.request_id != rid: continue
-                        if out.new_text: yield out.new_text
-                        if out.finished: return
-            finally:                            # a consumer that stops early frees the request's blocks
-                self.engine.abort(rid)

@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
-from ..config import ModelConfig
-from ..layers import Attention, MLP, rope_cos_sin
+from ..model.config import ModelConfig
+from ..model.layers import Attention, MLP, rope_cos_sin
 import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
-from ..paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
-from ..generate import KVCache
-from ..sampling import sample, token_logprobs
+from .paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
+from ..model.generate import KVCache
+from ..model.sampling import sample, token_logprobs
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',

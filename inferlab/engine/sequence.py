@@ -7,7 +7,7 @@ Docs: https://inferlab.github.io/inferlab/sequence.html.md"""
 # %% ../../nbs/11_sequence.ipynb #51a49364
 from __future__ import annotations
 import enum, itertools, time
-from ..sampling import SamplingParams, make_generator
+from ..model.sampling import SamplingParams, make_generator
 
 # %% auto #0
 __all__ = ['SequenceStatus', 'Sequence']

@@ -71,8 +71,8 @@ class ModelSpec:
 
     @classmethod
     def from_config(cls, cfg, name: str = "model") -> "ModelSpec":
-        "From an `inferlab.config.ModelConfig` (imported lazily: the fleet layer does not need torch)."
-        from inferlab.config import num_params, active_params
+        "From an `inferlab.model.config.ModelConfig` (imported lazily: the fleet layer does not need torch)."
+        from inferlab.model.config import num_params, active_params
         return cls(name, num_params(cfg) / 1e9, cfg.num_hidden_layers, cfg.num_attention_heads,
                    cfg.num_key_value_heads, cfg.head_dim, active_params(cfg) / 1e9)
 

@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn as nn
 from .formats import FORMATS, IntFormat, round_to_format
-from . import block as qblock
+from . import block_formats as qblock
 
 # %% auto #0
 __all__ = ['SCALED_FORMATS', 'GRANULARITIES', 'scale_groups', 'fmt_max', 'compute_scales', 'fake_quantize', 'quant_error',

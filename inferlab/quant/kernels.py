@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from .quantize import QuantLinear, parse_weight_format, unpack_int4
-from .block import bits_per_element
+from .block_formats import bits_per_element
 
 # Without CUDA, Triton can only run kernels in its interpreter, which must be chosen before Triton is first imported.
 if "triton" not in sys.modules and not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -22,7 +22,7 @@ try:                                  # Triton is optional: without it the torch
     import triton.language as tl
 except ImportError:
     triton = tl = None
-from ..paged_attention import _LazyKernel, _dot_dtype, interpreter_ready
+from ..engine.paged_attention import _LazyKernel, _dot_dtype, interpreter_ready
 
 # %% auto #0
 __all__ = ['H200', 'E2M1_VALUES', 'NVFP4_BLOCK', 'GPUSpec', 'bits_per_weight', 'linear_time_s', 'decode_tokens_per_s',

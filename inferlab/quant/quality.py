@@ -9,10 +9,10 @@ from __future__ import annotations
 import copy, dataclasses, math, statistics, time
 import torch
 import torch.nn as nn
-from ..config import ModelConfig, num_params
-from ..model import CausalLM
-from ..bench import llama_100m_config, random_model   # the ~100M config of chapter 18
-from ..generate import KVCache
+from ..model.config import ModelConfig, num_params
+from ..model.model import CausalLM
+from ..frontier.bench import llama_100m_config, random_model   # the ~100M config of chapter 18
+from ..model.generate import KVCache
 from .quantize import QuantRecipe, QuantLinear, quantize, weight_memory_bytes
 
 # %% auto #0

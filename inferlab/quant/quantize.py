@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from ..layers import MLP
-from ..moe import MoEBlock
+from ..model.layers import MLP
+from ..model.moe import MoEBlock
 
 # %% auto #0
 __all__ = ['BLOCK_FORMATS', 'BLOCK_ALIASES', 'WEIGHT_FORMATS', 'ACT_FORMATS', 'KV_FORMATS', 'METHODS', 'FP8_MAX',
@@ -291,8 +291,8 @@ class QuantLinear(nn.Module):
 
 # %% ../../nbs/23_quantize.ipynb #58e625a1
 def _block():
-    try: from inferlab.quant import block
-    except ImportError as e: raise ImportError("weights: MX/NVFP4 formats need inferlab.quant.block (chapter 21)") from e
+    try: from inferlab.quant import block_formats as block
+    except ImportError as e: raise ImportError("weights: MX/NVFP4 formats need inferlab.quant.block_formats (chapter 21)") from e
     return block
 
 def _block_quantize(w: torch.Tensor, spec: WeightSpec):
