@@ -50,7 +50,7 @@ MathJax.Ajax.loadComplete("[MathJax]/config/local/inferlab.js");
 """
 MATHJAX_CDN = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js?config=TeX-AMS_CHTML-full,Safe"
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-_CHAPTER = re.compile(r"^(\d)(\d)_")
+_CHAPTER = re.compile(r"^(\d)(\d)[a-z]?_")   # 13a_...: a sub-chapter of 13
 
 
 def log(*a): print(*a, flush=True)

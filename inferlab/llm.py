@@ -12,7 +12,9 @@ from .model.model import load_model
 from .model.tokenizer import load_tokenizer
 from .engine.llm_engine import LLMEngine, EngineConfig, RequestOutput, as_params
 from .engine.model_runner import pack_model
-from .quant.quantize import QuantRecipe, QuantLinear, quantize
+from .quant.linear import QuantLinear
+from .quant.quantize import QuantRecipe, quantize
+from .quant.kernels import use_gpu_kernels
 
 # %% auto #0
 __all__ = ['QUANTIZATION_RECIPES', 'engine_for', 'build_engine', 'as_prompt_list', 'LLM']
@@ -32,6 +34,7 @@ def engine_for(model, tokenizer=None, *, quantization: str | None = None, **engi
     config = EngineConfig(**engine_config)
     if quantization is not None:    # pack first: the recipes quantize the fused projections; the engine must not repack
         model = quantize(pack_model(model, k_major=False), QuantRecipe(**QUANTIZATION_RECIPES[quantization]))
+        use_gpu_kernels(model)      # Triton dequantize-fused matmuls for layers on CUDA (chapter 24); none on CPU
         config = dataclasses.replace(config, pack_weights=False)
     return LLMEngine(model, tokenizer, config)
 

@@ -28,6 +28,7 @@ if "--interpret-smoke" in sys.argv:       # Triton reads this when first importe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 import torch
+from inferlab.model.hardware import H200      # the default peaks: chapter 09's datasheet table
 
 TOL = {torch.float32: 1e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}   # max abs error; outputs reach ~4, where
                                                                           # a bf16 ulp is 0.03 and an fp16 ulp 0.004
@@ -127,7 +128,8 @@ def ragged_lengths(ctx: Ctx, n: int, lo: int, hi: int, seed: int = 0) -> list[in
 
 @check("store_kv")
 def check_store_kv(ctx: Ctx):
-    from inferlab.engine.paged_attention import store_kv_reference, store_kv_triton
+    from inferlab.engine.paged_attention import store_kv_reference
+    from inferlab.engine.triton_attention import store_kv_triton
     T, hkv, d, bs = (40, 2, 32, 16) if ctx.smoke else (16384, 8, 128, 16)
     for dtype in (torch.bfloat16, torch.float32):
         pool = T // bs + 4
@@ -159,7 +161,8 @@ def decode_cases(ctx: Ctx):
 
 @check("decode")
 def check_decode(ctx: Ctx):
-    from inferlab.engine.paged_attention import paged_decode_reference, paged_decode_triton, decode_num_splits
+    from inferlab.engine.paged_attention import paged_decode_reference
+    from inferlab.engine.triton_attention import paged_decode_triton, decode_num_splits
     for name, lens, hq, hkv, d, bs, window, splits in decode_cases(ctx):
         for dtype in (torch.bfloat16, torch.float32):
             q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, dtype)
@@ -178,7 +181,8 @@ def check_decode(ctx: Ctx):
 @check("decode_kv8")
 def check_decode_kv8(ctx: Ctx):
     "Paged decode over 8-bit KV blocks (fp8 E4M3 needs sm89+, int8 any GPU): codes x per-head scale on read."
-    from inferlab.engine.paged_attention import paged_decode_reference, paged_decode_triton, kv_quantize, kv_scale
+    from inferlab.engine.paged_attention import paged_decode_reference, kv_quantize, kv_scale
+    from inferlab.engine.triton_attention import paged_decode_triton
     name, lens, hq, hkv, d, bs, window, splits = decode_cases(ctx)[0]
     for code in (torch.float8_e4m3fn, torch.int8):
         q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, torch.bfloat16)
@@ -217,7 +221,8 @@ def prefill_flops(seq_lens, q_lens, hq, d, window) -> float:
 
 @check("prefill")
 def check_prefill(ctx: Ctx):
-    from inferlab.engine.paged_attention import paged_prefill_reference, paged_prefill_triton
+    from inferlab.engine.paged_attention import paged_prefill_reference
+    from inferlab.engine.triton_attention import paged_prefill_triton
     for name, lens, q_lens, hq, hkv, d, bs, window in prefill_cases(ctx):
         flops = prefill_flops(lens, q_lens, hq, d, window)
         for dtype in (torch.bfloat16, torch.float32):
@@ -317,8 +322,10 @@ def check_nvfp4(ctx: Ctx):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--peak-gbps", type=float, default=4800.0, help="peak memory bandwidth, GB/s (H200: 4800)")
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s (H200: 989)")
+    p.add_argument("--peak-gbps", type=float, default=H200.mem_gbps,
+                   help=f"peak memory bandwidth, GB/s (H200: {H200.mem_gbps:.0f})")
+    p.add_argument("--peak-tflops", type=float, default=H200.bf16_tflops,
+                   help=f"peak dense bf16 TFLOP/s (H200: {H200.bf16_tflops:.0f})")
     p.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(CHECKS)}")
     p.add_argument("--interpret-smoke", action="store_true",
                    help="no GPU needed: run every check on tiny shapes in Triton's interpreter (tests this script)")
@@ -327,7 +334,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CHECKS]
     if unknown: p.error(f"unknown check(s) {unknown}; known: {list(CHECKS)}")
     if a.interpret_smoke:
-        from inferlab.engine.paged_attention import interpreter_ready
+        from inferlab.engine.triton_attention import interpreter_ready
         if not interpreter_ready(): print("triton was imported before TRITON_INTERPRET=1 could be set"); return 2
         ctx = Ctx(torch.device("cpu"), a.peak_gbps, a.peak_tflops, smoke=True)
         print("interpreter smoke run: tiny shapes on the CPU; times and bandwidths mean nothing")

@@ -47,6 +47,7 @@ def main():
                 t = time.perf_counter(); llm.generate([TokensPrompt(prompt_token_ids=c["prompt"])], sp, use_tqdm=False)
                 return time.perf_counter() - t
             run(4); n = c["n"]
+            # the rule of inferlab.frontier.bench.decode_rate (this script runs in vLLM's venv, without inferlab)
             reply(dict(tok_s=n / (min(run(n + 1) for _ in range(2)) - min(run(1) for _ in range(3)))))
 
 if __name__ == "__main__":

@@ -108,6 +108,26 @@ class BlockManager:
                 if blk.hash is None: self.free_queue.move_to_end(b, last=False)   # worthless to the cache: reuse first
         seq.block_table, seq.block_hashes = [], []
 
+    def truncate(self, seq: Sequence, num_tokens: int):
+        """Keep the first `num_tokens` tokens of a running sequence and give back the slots after them (speculation's
+        rejected drafts): blocks past the new end return to the pool, the sequence keeps running. A kept block that
+        was registered in the prefix cache loses its registration (its tail will be overwritten); one shared with
+        another sequence cannot be rewritten and is refused."""
+        if not 0 < num_tokens <= seq.num_tokens:
+            raise ValueError(f"truncate: num_tokens must be in [1, {seq.num_tokens}], got {num_tokens}")
+        keep, full = self.blocks_needed(num_tokens), num_tokens // self.block_size
+        if num_tokens % self.block_size and keep <= len(seq.block_table):
+            tail = self.blocks[seq.block_table[keep - 1]]
+            if tail.ref_count > 1: raise RuntimeError(f"truncate: block {tail.block_id} of {seq!r} is shared")
+            if tail.hash is not None: self._forget(tail)
+        for b in reversed(seq.block_table[keep:]):
+            blk = self.blocks[b]; blk.ref_count -= 1
+            if blk.ref_count == 0:
+                self.free_queue[b] = None
+                if blk.hash is None: self.free_queue.move_to_end(b, last=False)
+        del seq.block_table[keep:], seq.block_hashes[full:], seq.token_ids[num_tokens:]
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
+
     def cache_computed_blocks(self, seq: Sequence):
         "Register the hashes of the sequence's full blocks whose K/V are now computed."
         if not self.enable_prefix_caching: return

@@ -14,7 +14,7 @@ from ..model.config import load_config, resolve_model_path
 from ..model.model import load_model
 from ..model.tokenizer import Tokenizer, load_tokenizer, detokenize_incremental
 from ..model.sampling import SamplingParams, token_logprobs
-from ..model.generate import check_prompt, find_stop
+from ..model.generate import check_prompt, detokenize_and_check
 from .kv_memory import num_kv_blocks, kv_block_bytes, available_memory
 from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
@@ -181,7 +181,7 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None or seq.is_finished: return False
         self.scheduler.finish(seq, "abort")
-        self._aborted.append(seq)              # (the next step hands back its threads when the engine is idle)
+        self._aborted.append(seq)
         return True
 
     def _forget(self, request_id: str):
@@ -209,7 +209,6 @@ class LLMEngine:
             return outputs
         finally:
             self._step_lock.release()
-            if not self.has_unfinished(): self.runner.restore_threads()
 
     def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -259,22 +258,10 @@ class LLMEngine:
         seq.append_token(tok)
         if p.logprobs is not None:
             lp, tops = token_logprobs(logits, tok, p.logprobs); seq.logprobs.append(lp); seq.top_logprobs.append(tops)
-        stops = tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids)   # no set built per token
-        reason = "stop" if stops else None
-        if reason is None and tk is not None:
-            n_before = len(seq.text)
-            piece, *offsets = detokenize_incremental(tk, seq.token_ids, *seq.detok_offsets)
-            seq.detok_offsets, seq.text = tuple(offsets), seq.text + piece
-            if p.stop and piece and (j := find_stop(seq.text, p.stop, n_before)) != -1:
-                seq.text = seq.text[:j]                      # cut before the stop string; nothing to flush
-                return self.scheduler.finish(seq, "stop")
-        if reason is None and seq.num_output_tokens >= min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens):
-            reason = "length"
-        if reason is None: return
-        if tk is not None:                                   # flush a held-back partial character
-            po, ro = seq.detok_offsets
-            seq.text += tk.decode(seq.token_ids[po:])[len(tk.decode(seq.token_ids[po:ro])):]
-        self.scheduler.finish(seq, reason)
+        budget = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+        seq.text, seq.detok_offsets, reason = detokenize_and_check(tk, seq.token_ids, seq.text, seq.detok_offsets, p,
+                                                                   self.eos_ids, seq.num_output_tokens, budget)
+        if reason is not None: self.scheduler.finish(seq, reason)
 
     def output(self, seq: Sequence) -> RequestOutput:
         "A snapshot of `seq`; `new_text` is what was not streamed before (holding back a possible stop string's start)."

@@ -6,6 +6,7 @@ Docs: https://inferlab.github.io/inferlab/model_runner.html.md"""
 
 # %% ../../nbs/15_model_runner.ipynb #fc3bdd2e
 from __future__ import annotations
+import contextlib
 import copy
 import os
 import time
@@ -17,9 +18,10 @@ from ..model.layers import Attention, MLP, rope_cos_sin
 import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
-from .paged_attention import store_kv, paged_prefill, paged_decode, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
+from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
+from .triton_attention import attention_backend
 from ..model.generate import KVCache
-from ..model.sampling import sample, token_logprobs
+from ..model.sampling import sample_rows, token_logprobs
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
@@ -72,35 +74,37 @@ def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headro
     return [scale(k) for k in cache.k], [scale(v) for v in cache.v]
 
 class AttentionContext:
-    "What the model's attention layers receive as `kv_cache` in the engine: the paged cache plus this step's metadata."
-    def __init__(self, cache: PagedKVCache, meta: AttentionMetadata):
-        self.cache, self.meta = cache, meta
+    """What the model's attention layers receive as `kv_cache` in the engine: the paged cache, this step's metadata
+    and the attention backend the runner chose when it was built (chapters 13 and 13a)."""
+    def __init__(self, cache: PagedKVCache, meta: AttentionMetadata, backend: TorchAttention | None = None):
+        self.cache, self.meta, self.backend = cache, meta, backend or TorchAttention()
         self.plans, self.prefill_plans = {}, {}   # per window size: computed by the first layer, reused by the rest
 
-    def attend(self, layer: int, q, k, v, window: int | None, scale: float):
+    def attend(self, layer: int, q, k, v, positions, window: int | None, scale: float):
         "q `[1, T, hq, d]`, k/v `[1, T, hkv, d]` for the packed tokens → attention output `[1, T, hq, d]`."
         m, kc, vc = self.meta, self.cache.k[layer], self.cache.v[layer]
         ks, vs = self.cache.scales(layer)
-        store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)   # first write: a prefill attends to its own tokens
+        be = self.backend
+        be.store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)   # first write: a prefill attends to its own tokens
         P, parts = m.num_prefill_tokens, []
         fresh = ks is not None          # quantized cache: this step's own tokens are attended in full precision
         if P:
             plan = None
-            if not q.is_cuda:           # CPU: prompts with no cached prefix attend to their fresh K/V, no gather
+            if be.uses_plans:           # the reference: prompts with no cached prefix attend to their fresh K/V, no gather
                 plan = self.prefill_plans.get(window)
                 if plan is None:
                     plan = self.prefill_plans[window] = prefill_plan(m.prefill_cu_seqlens_q, m.prefill_seq_lens, window)
-            new = fresh or not q.is_cuda
-            parts.append(paged_prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
+            new = fresh or be.uses_plans
+            parts.append(be.prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
                                        m.prefill_seq_lens, scale, window, ks, vs, k_new=k[0, :P] if new else None,
                                        v_new=v[0, :P] if new else None, plan=plan))
         if q.shape[1] > P:
             plan = None
-            if not q.is_cuda:
+            if be.uses_plans:
                 plan = self.plans.get(window)
                 if plan is None:
                     plan = self.plans[window] = decode_plan(m.decode_block_tables, m.decode_seq_lens, kc.shape[1], window)
-            parts.append(paged_decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan,
+            parts.append(be.decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan,
                                       ks, vs, k_new=k[0, P:] if fresh else None, v_new=v[0, P:] if fresh else None))
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
@@ -112,17 +116,18 @@ def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
     return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=device).view(len(tables), width)
 
 def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
-    "Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [S]` and the sequences that sample."
+    """Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [R]` and the sequence of each
+    sampled row (`batch.num_sampled[i]` rows for `seqs[i]`: its last positions this step)."""
     ids, pos, slots, logits_idx, samplers = [], [], [], [], []
     pre_cu, pre_lens, pre_tables, dec_lens, dec_tables = [0], [], [], [], []
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+    for seq, n, k in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled):
         start, bt = seq.num_computed_tokens, seq.block_table
         ids += seq.token_ids[start:start + n]
         pos += range(start, start + n)
         slots += [bt[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
         if n > 1: pre_cu.append(pre_cu[-1] + n); pre_lens.append(start + n); pre_tables.append(bt)
         else: dec_lens.append(start + 1); dec_tables.append(bt)
-        if start + n == seq.num_tokens: logits_idx.append(len(ids) - 1); samplers.append(seq)
+        logits_idx += range(len(ids) - k, len(ids)); samplers += [seq] * k
     t = lambda x, dt=torch.int32: torch.tensor(x, dtype=dt, device=device)
     meta = AttentionMetadata(t(slots, torch.int64), pre_cu[-1], t(pre_cu), t(pre_lens), _pad_tables(pre_tables, device),
                              t(dec_lens), _pad_tables(dec_tables, device))
@@ -132,20 +137,19 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
 SMALL_STEP_TOKENS = 8   # CPU steps with at most this many tokens take the decode path below
 
 class KMajorLinear(nn.Module):
-    "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows on CPU go through NumPy's BLAS."
+    "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go through NumPy's BLAS."
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)   # [in, out]
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         cpu_f32 = self.weight_t.device.type == "cpu" and self.weight_t.dtype == torch.float32   # NumPy has no bfloat16
         self.weight_np = self.weight_t.detach().numpy() if cpu_f32 else None                  # same memory
-        self.use_numpy = False                  # set by the runner for decode-sized steps on CPU
 
     @property
     def weight(self) -> torch.Tensor: return self.weight_t.t()                              # [out, in] view
 
     def forward(self, x):  # [..., in] -> [..., out]
-        if self.use_numpy and x.dtype == torch.float32:
+        if self.weight_np is not None and x.dtype == torch.float32 and x.numel() <= SMALL_STEP_TOKENS * x.shape[-1]:
             y = torch.from_numpy(x.detach().contiguous().numpy() @ self.weight_np)   # matrix-vector: OpenBLAS
         else: y = x @ self.weight_t
         return y if self.bias is None else y + self.bias
@@ -314,15 +318,21 @@ class CpuThreads:
         self.budget = max(1, min(self.max_threads, int(len(self.cpus) - self.others + 0.5)))
         return self.budget
 
-    def use(self, decode: bool):
-        "Size the pools for a step: decode-sized steps run BLAS on the budget, others run torch on it."
-        n = self.measure()
-        want = (1, n) if decode else (n, 1)
+    def _set(self, want: tuple):
         if want == self.current: return
         if self.current is None or want[0] != self.current[0]: torch.set_num_threads(want[0])
         if self.current is None or want[1] != self.current[1]:
             for lib in self.blas.lib_controllers: lib.set_num_threads(want[1])
         self.current = want
+
+    @contextlib.contextmanager
+    def step(self, decode: bool):
+        """Size the pools for one step — decode-sized steps run BLAS on the budget, others torch — and give the
+        process its own counts back when the step ends, whatever happens inside (a pair of resizes costs ~2 µs)."""
+        n = self.measure()
+        self._set((1, n) if decode else (n, 1))
+        try: yield
+        finally: self.restore()
 
     def restore(self):
         "Give the process back the thread counts it had when this owner was made."
@@ -339,51 +349,32 @@ class ModelRunner:
         "`model` should already be packed (`pack_model`) if wanted; the runner uses it as given."
         self.model, self.block_size = model, block_size
         self.device = model.device
-        self.decode_mode = False
         self.threads = CpuThreads() if self.device.type == "cpu" else None   # sizes torch's and BLAS's pools
-        self.k_major = [m for m in model.modules() if isinstance(m, KMajorLinear) and m.weight_np is not None]
+        self.attention = attention_backend(self.device)   # chosen once: Triton on CUDA, else the torch reference
         self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
                                      *(kv_scales or (None, None)))
         # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
         self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model, self.kv_cache)
 
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
-        "One forward pass: (sequences that sample, their logits `[S, vocab]` in float32)."
-        if self.threads is not None: self._decode_mode(batch.num_tokens <= SMALL_STEP_TOKENS)
-        return self._execute(batch)
-
-    def _decode_mode(self, on: bool):
-        "CPU decode-sized steps: one torch thread, linears through NumPy's BLAS (see 'Decode steps on CPU'); `CpuThreads` sizes the pools."
-        self.threads.use(decode=on)
-        if on == self.decode_mode: return
-        self.decode_mode = on
-        for m in self.k_major: m.use_numpy = on
-
-    def restore_threads(self):
-        "Give the process its thread counts back (the engine calls this when it goes idle)."
-        if self.threads is None: return
-        self.threads.restore()
-        self.decode_mode = False
-        for m in self.k_major: m.use_numpy = False
+        """One forward pass: (sequences that sample, their logits `[R, vocab]` in float32), R = the batch's sampled
+        positions (`batch.num_sampled`: one row per sequence that samples today, k+1 with speculation)."""
+        if self.threads is None: return self._execute(batch)
+        with self.threads.step(decode=batch.num_tokens <= SMALL_STEP_TOKENS):   # pools restored when the step ends
+            return self._execute(batch)
 
     @torch.inference_mode()
     def _execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
-        if self.decode_mode and self.numpy_decoder is not None and meta.num_prefill_tokens == 0:
+        if self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
             h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
         else:
-            h = self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta), check_ids=False)[0]
+            h = self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), check_ids=False)[0]
         if not samplers: return [], h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
-        if len(samplers) < h.shape[0]: h = h[logits_idx]                       # else every token samples, in order
-        return samplers, self.model.lm_head(h).float()                         # [S, vocab]
+        if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
+        return samplers, self.model.lm_head(h).float()                         # [R, vocab]
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    "One token per row of `logits [S, vocab]`, each with its sequence's params and generator."
-    greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-    if len(greedy) == len(seqs): return logits.argmax(-1).tolist()     # all greedy: one argmax, no gather
-    out = [0] * len(seqs)
-    if greedy:
-        for i, t in zip(greedy, logits[greedy].argmax(-1).tolist()): out[i] = t
-    for i, s in enumerate(seqs):
-        if not s.params.greedy: out[i] = sample(logits[i], s.params, s.generator)
-    return out
+    "One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's `sample_rows`)."
+    return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
+

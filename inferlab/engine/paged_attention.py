@@ -11,21 +11,13 @@ import os
 import sys
 from dataclasses import dataclass
 import torch
+from ..model.layers import attention_mask
 
-# Without CUDA, Triton can only run kernels in its interpreter, which must be chosen before Triton is first imported.
-if "triton" not in sys.modules and not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
-try:                                  # Triton is optional: without it the torch references run
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = tl = None
 
 # %% auto #0
-__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'store_kv_reference', 'PagedBatch',
-           'make_paged_batch', 'gather_kv', 'prefill_plan', 'paged_prefill_reference', 'decode_plan',
-           'paged_decode_reference', 'blocks_read', 'attention_intensity', 'decode_kv_bytes',
-           'online_softmax_attention', 'interpreter_ready', 'store_kv_triton', 'decode_num_splits',
-           'paged_decode_triton', 'paged_prefill_triton', 'store_kv', 'paged_prefill', 'paged_decode']
+__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'store_kv_reference', 'gather_kv',
+           'prefill_plan', 'paged_prefill_reference', 'decode_plan', 'paged_decode_reference', 'blocks_read',
+           'attention_intensity', 'decode_kv_bytes', 'online_softmax_attention', 'TorchAttention']
 
 # %% ../../nbs/13_paged_attention.ipynb #d880b557
 def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -67,62 +59,12 @@ def store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = F
     _raw(k_cache)[blocks, offsets] = _raw(k[keep])            # [kept, kv_heads, head_dim] rows
     _raw(v_cache)[blocks, offsets] = _raw(v[keep])
 
-# %% ../../nbs/13_paged_attention.ipynb #e65d96c3
-@dataclass
-class PagedBatch:
-    "Queries, a paged KV pool and its metadata for B sequences; `k_dense[i]` `[L_i, kv_heads, head_dim]` for checks."
-    q: torch.Tensor                 # [num_tokens, q_heads, head_dim]: the last q_lens[i] tokens of each sequence
-    k_cache: torch.Tensor           # [num_blocks, block_size, kv_heads, head_dim]
-    v_cache: torch.Tensor
-    block_tables: torch.Tensor      # [B, max_blocks] int32, padded with -1
-    cu_seqlens_q: torch.Tensor      # [B + 1] int32
-    seq_lens: torch.Tensor          # [B] int32
-    k_dense: list[torch.Tensor]
-    v_dense: list[torch.Tensor]
-
-    @property
-    def decode_q(self) -> torch.Tensor:
-        "The query of each sequence's last position `[B, q_heads, head_dim]` (its last query row)."
-        return self.q[self.cu_seqlens_q[1:].long() - 1]
-
-def make_paged_batch(seq_lens: list[int], q_lens: list[int] | None = None, num_q_heads: int = 4, num_kv_heads: int = 2,
-                     head_dim: int = 32, block_size: int = 16, dtype=torch.float32, device="cpu", seed: int = 0,
-                     spare_blocks: int = 3) -> PagedBatch:
-    "Random keys/values/queries for sequences of `seq_lens` tokens, queries on the last `q_lens` (default: all)."
-    q_lens = list(seq_lens) if q_lens is None else list(q_lens)
-    if len(q_lens) != len(seq_lens) or any(not 1 <= n <= L for n, L in zip(q_lens, seq_lens)):
-        raise ValueError(f"q_lens: each must be in [1, seq_len], got {q_lens} for seq_lens {seq_lens}")
-    if num_q_heads % num_kv_heads: raise ValueError(f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads")
-    g = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-L // block_size) for L in seq_lens]
-    num_blocks = sum(blocks_per_seq) + spare_blocks            # spare blocks: garbage the kernels must never read
-    ids = torch.randperm(num_blocks, generator=g)              # shuffled: no sequence gets contiguous blocks
-    tables = torch.full((len(seq_lens), max(blocks_per_seq)), -1, dtype=torch.int32)
-    kc = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype) * 100   # loud garbage
-    vc = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype) * 100
-    k_dense, v_dense, used = [], [], 0
-    for i, L in enumerate(seq_lens):
-        tables[i, :blocks_per_seq[i]] = ids[used:used + blocks_per_seq[i]].int(); used += blocks_per_seq[i]
-        k = torch.randn(L, num_kv_heads, head_dim, generator=g).to(dtype)
-        v = torch.randn(L, num_kv_heads, head_dim, generator=g).to(dtype)
-        store_kv_reference(k, v, kc, vc, slots_from_block_table(tables[i], torch.arange(L), block_size))
-        k_dense.append(k.to(device)); v_dense.append(v.to(device))
-    q = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=g).to(dtype)
-    cu = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).int()
-    return PagedBatch(q.to(device), kc.to(device), vc.to(device), tables.to(device), cu.to(device),
-                      torch.tensor(seq_lens, dtype=torch.int32, device=device), k_dense, v_dense)
-
 # %% ../../nbs/13_paged_attention.ipynb #3bcc8656
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     "The first `length` token rows of one sequence, `[length, kv_heads, head_dim]`, from its block table row."
     block_size = cache.shape[1]
     n_blocks = -(-length // block_size)
     return cache[block_table[:n_blocks].long()].flatten(0, 1)[:length]   # [n_blocks * block_size, ...] -> [length, ...]
-
-def _causal_window_mask(q_pos, k_pos, window):
-    rel = q_pos[..., :, None] - k_pos[..., None, :]            # [..., n, L]: how far back each key is
-    ok = rel >= 0
-    return ok & (rel < window) if window else ok
 
 def prefill_plan(cu_seqlens_q, seq_lens, window: int | None = None) -> list[tuple]:
     """What every layer of a prefill step needs, computed once per step: per sequence `(start, end, seq_len, mask)`.
@@ -133,7 +75,7 @@ def prefill_plan(cu_seqlens_q, seq_lens, window: int | None = None) -> list[tupl
         s, e = cu[i], cu[i + 1]
         mask = None
         if e > s and (window or e - s < L):
-            ok = _causal_window_mask(torch.arange(L - (e - s), L, device=seq_lens.device),
+            ok = attention_mask(torch.arange(L - (e - s), L, device=seq_lens.device),   # chapter 02's mask
                                      torch.arange(L, device=seq_lens.device), window)           # [n, L]
             mask = torch.zeros(ok.shape, device=ok.device).masked_fill_(~ok, float("-inf"))
         plan.append((s, e, L, mask))
@@ -257,338 +199,23 @@ def online_softmax_attention(s: torch.Tensor, v: torch.Tensor, tile: int, trace:
         if trace: print(f"keys {j}..{j + len(st) - 1}: m={m:.3f} alpha={alpha:.3f} l={l:.3f}")
     return acc / l
 
-# %% ../../nbs/13_paged_attention.ipynb #a9bbc878
-def interpreter_ready() -> bool:
-    "Was Triton imported in interpreter mode (`TRITON_INTERPRET=1`), so its kernels can run on CPU tensors?"
-    return triton is not None and type(tl.sum).__name__ == "InterpretedFunction"
+# %% ../../nbs/13_paged_attention.ipynb #76dc07a4
+class TorchAttention:
+    "The attention backend interface, implemented by the torch references (any device)."
+    name = "torch"
+    uses_plans = True     # the caller builds `prefill_plan` / `decode_plan` once per step and passes them to every layer
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None):
+        "Write k, v `[num_tokens, kv_heads, head_dim]` into the paged cache at `slot_mapping` (−1: skip), in place."
+        store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
 
-class _LazyKernel:
-    "A Triton kernel built on first use: compiled for CUDA, or run by Triton's interpreter for CPU tensors."
-    def __init__(self, fn): self.fn, self._built = fn, None
+    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float, window=None,
+                k_scale=None, v_scale=None, k_new=None, v_new=None, plan=None) -> torch.Tensor:
+        "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` (the last tokens of each sequence)."
+        return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
+                                       k_scale, v_scale, k_new, v_new, plan)
 
-    def on(self, device: torch.device):
-        if triton is None: raise RuntimeError("triton is not installed: use the *_reference functions")
-        if device.type != "cuda" and not interpreter_ready():
-            raise RuntimeError(f"Triton kernels on {device.type} tensors run in Triton's interpreter: set "
-                               "TRITON_INTERPRET=1 before triton is first imported (or use the *_reference functions)")
-        if self._built is None:
-            if interpreter_ready():
-                from triton.runtime.interpreter import InterpretedFunction
-                self._built = InterpretedFunction(self.fn)
-            else: self._built = triton.jit(self.fn)
-        return self._built
-
-def _next_pow2(x: int) -> int: return 1 << max(0, int(x) - 1).bit_length()
-
-def _quant_args(q, k_scale, v_scale, k_new, v_new) -> tuple:
-    "Scale and fresh-K/V pointers for the kernels; `q` stands in for the ones a call does not use (never read)."
-    return tuple(q if t is None else t for t in (k_scale, v_scale, k_new, v_new))
-
-def _strides3(t) -> tuple: return (0, 0, 0) if t is None else t.stride()
-
-def _dot_dtype(q: torch.Tensor):
-    "The dtype of the tiles fed to `tl.dot`: the queries' (bf16 goes to fp32 in the interpreter, see above)."
-    if q.dtype == torch.bfloat16 and interpreter_ready(): return tl.float32
-    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
-
-# %% ../../nbs/13_paged_attention.ipynb #3a4b3dd0
-def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
-                     stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
-                     stride_cb, stride_ct, stride_ch, stride_cd, stride_vcb, stride_vct, stride_vch, stride_vcd,
-                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    m = (h < NUM_KV_HEADS) & (d < HEAD_DIM) & (h * 0 + slot >= 0)   # slot -1: write nothing (a block test, not
-                                                                       # a scalar one: the interpreter mistypes those)
-    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d * stride_kd, mask=m)
-    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d * stride_vd, mask=m)
-    tl.store(kc_ptr + blk * stride_cb + off * stride_ct + h * stride_ch + d * stride_cd,
-             k.to(kc_ptr.dtype.element_ty), mask=m)
-    tl.store(vc_ptr + blk * stride_vcb + off * stride_vct + h * stride_vch + d * stride_vcd,
-             v.to(vc_ptr.dtype.element_ty), mask=m)
-
-_store_kv = _LazyKernel(_store_kv_kernel)
-
-def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
-    "`store_kv_reference` as a Triton kernel (CUDA tensors; CPU tensors run in the interpreter)."
-    num_tokens, n_kv, head_dim = k.shape
-    if num_tokens == 0: return
-    _store_kv.on(k.device)[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
-        NUM_KV_HEADS=n_kv, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_H=_next_pow2(n_kv), BLOCK_D=_next_pow2(head_dim))
-
-# %% ../../nbs/13_paged_attention.ipynb #d37f8e9c
-def _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE: tl.constexpr):
-    """Fold one tile into the running softmax: scores `s` `[rows, N]` (log2 units, masked keys -inf) and values
-    `v` `[N, D]` update the running max `m_i`, sum `l_i` and weighted sum `acc` (flash-attention's recurrence)."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)                               # rescales what was summed under the old max
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
-    return m_new, l_i, acc
-
-_online_softmax_tile = triton.jit(_online_softmax_tile) if triton is not None else None   # called by both kernels
-
-def _paged_decode_kernel(
-        q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, qk_scale, window,
-        ks_ptr, vs_ptr, kn_ptr, vn_ptr,
-        stride_qb, stride_qh, stride_qd,
-        stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
-        stride_btb, stride_btn, stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
-        stride_knb, stride_knh, stride_knd, stride_vnb, stride_vnh, stride_vnd,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, QUANT: tl.constexpr, FRESH: tl.constexpr):
-    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    L = tl.load(lens_ptr + b).to(tl.int32)
-    start = L * 0                                              # first key position this query may read
-    if HAS_WINDOW:
-        start = tl.maximum(L - window, 0)
-    # this split's keys: an equal share of [start, L), rounded to whole tiles, the first tile aligned down
-    first_tile = (start // BLOCK_N) * BLOCK_N
-    chunk = tl.cdiv(tl.cdiv(L - first_tile, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = first_tile + split * chunk
-    hi = tl.minimum(lo + chunk, L)
-
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    heads = kvh * GROUP + g                                    # the query heads sharing this KV head
-    q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :] * stride_qd, mask=q_mask,
-                other=0.0).to(DOT_DTYPE)
-
-    if QUANT:                                                  # 8-bit blocks: one scale per KV head
-        k_scale = tl.load(ks_ptr + kvh)
-        v_scale = tl.load(vs_ptr + kvh)
-    if FRESH:                                                  # this step's own key/value, full precision
-        k_new = tl.load(kn_ptr + b * stride_knb + kvh * stride_knh + d * stride_knd, mask=d < HEAD_DIM, other=0.0)
-        v_new = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + d * stride_vnd, mask=d < HEAD_DIM, other=0.0)
-
-    m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)              # running max (log2 units)
-    l_i = tl.zeros([BLOCK_G], tl.float32)                      # running sum of 2^(s - m)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)             # running sum of 2^(s - m) v
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)                         # token positions of this tile
-        ok = (n >= start) & (n < hi)
-        blk = tl.load(bt_ptr + b * stride_btb + (n // BLOCK_SIZE) * stride_btn, mask=ok, other=0).to(tl.int64)
-        off = n % BLOCK_SIZE
-        kv_mask = ok[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(kc_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh
-                    + d[None, :] * stride_kd, mask=kv_mask, other=0.0)             # [BLOCK_N, BLOCK_D]
-        if QUANT:
-            k = k.to(tl.float32) * k_scale                     # dequantize on read
-        if FRESH:
-            k = tl.where((n == L - 1)[:, None], k_new.to(tl.float32)[None, :], k.to(tl.float32))
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_G, BLOCK_N]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
-                    + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if QUANT:
-            v = v.to(tl.float32) * v_scale
-        if FRESH:
-            v = tl.where((n == L - 1)[:, None], v_new.to(tl.float32)[None, :], v.to(tl.float32))
-        m_i, l_i, acc = _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE)
-
-    l_safe = tl.where(l_i > 0, l_i, 1.0)                       # an empty split (or L = 0) writes zeros
-    o = acc / l_safe[:, None]
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :] * stride_od,
-             o.to(out_ptr.dtype.element_ty), mask=q_mask)
-    if NUM_SPLITS > 1:                                         # log2-sum-exp of this split, -inf when empty
-        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g < GROUP)
-
-def _combine_splits_kernel(part_ptr, lse_ptr, out_ptr, stride_pb, stride_ph, stride_ps, stride_pd,
-                           stride_lb, stride_lh, stride_ob, stride_oh, stride_od,
-                           NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
-    b, h = tl.program_id(0), tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)                                       # [BLOCK_S]: each split's share of the softmax mass
-    w = w / tl.maximum(tl.sum(w, 0), 1e-30)
-    part = tl.load(part_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :] * stride_pd,
-                   mask=(s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM), other=0.0)
-    o = tl.sum(part * w[:, None], 0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d * stride_od, o.to(out_ptr.dtype.element_ty),
-             mask=d < HEAD_DIM)
-
-_paged_decode = _LazyKernel(_paged_decode_kernel)
-_combine_splits = _LazyKernel(_combine_splits_kernel)
-
-# %% ../../nbs/13_paged_attention.ipynb #4629fdb2
-_SM_COUNT: dict = {}
-
-def decode_num_splits(batch: int, num_kv_heads: int, max_len: int, device) -> int:
-    "Splits of the key range per (sequence, KV head) so the GPU is busy; 1 off-GPU."
-    device = torch.device(device)
-    if device.type != "cuda": return 1
-    if device not in _SM_COUNT: _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * _SM_COUNT[device] // max(1, batch * num_kv_heads))
-    return max(1, min(want, max_len // 256, 16))
-
-def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
-                        k_scale=None, v_scale=None, k_new=None, v_new=None, *,
-                        num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    "`paged_decode_reference` as a Triton kernel (CUDA tensors; CPU tensors run in the interpreter)."
-    B, n_heads, head_dim = q.shape
-    _, block_size, n_kv, _ = k_cache.shape
-    group = n_heads // n_kv
-    out = torch.empty_like(q)
-    if B == 0: return out
-    splits = num_splits or decode_num_splits(B, n_kv, block_tables.shape[1] * block_size, q.device)
-    block_n = block_n or 64
-    if splits > 1:                                             # partial outputs in float32, combined below
-        part = torch.empty(B, n_heads, splits, head_dim, dtype=torch.float32, device=q.device)
-        lse = torch.empty(B, n_heads, splits, dtype=torch.float32, device=q.device)
-        dst, dst_strides, lse_strides = part, part.stride(), lse.stride()[:2]
-    else:
-        lse, dst = out, out                                    # lse is not written with one split
-        dst_strides, lse_strides = (out.stride(0), out.stride(1), 0, out.stride(2)), (0, 0)
-    _paged_decode.on(q.device)[(B, n_kv, splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, dst, lse, scale * 1.4426950408889634, int(window or 0),
-        *_quant_args(q, k_scale, v_scale, k_new, v_new),
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *dst_strides, *lse_strides,
-        *_strides3(k_new), *_strides3(v_new),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=bool(window), NUM_SPLITS=splits,
-        BLOCK_G=max(16, _next_pow2(group)), BLOCK_D=max(16, _next_pow2(head_dim)), BLOCK_N=block_n,
-        DOT_DTYPE=_dot_dtype(q), QUANT=k_scale is not None, FRESH=k_new is not None)
-    if splits > 1:
-        _combine_splits.on(q.device)[(B, n_heads)](
-            part, lse, out, *part.stride(), *lse.stride()[:2], *out.stride(),
-            NUM_SPLITS=splits, HEAD_DIM=head_dim, BLOCK_S=_next_pow2(splits), BLOCK_D=_next_pow2(head_dim))
-    return out
-
-# %% ../../nbs/13_paged_attention.ipynb #b8cf3f68
-def _paged_prefill_kernel(
-        q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, qk_scale, window,
-        ks_ptr, vs_ptr, kn_ptr, vn_ptr,
-        stride_qt, stride_qh, stride_qd,
-        stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
-        stride_btb, stride_btn, stride_ot, stride_oh, stride_od,
-        stride_knt, stride_knh, stride_knd, stride_vnt, stride_vnh, stride_vnd,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
-        QUANT: tl.constexpr, FRESH: tl.constexpr):
-    mt, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_ptr + b).to(tl.int32)
-    n_q = tl.load(cu_ptr + b + 1).to(tl.int32) - q_start       # this sequence's query tokens
-    L = tl.load(lens_ptr + b).to(tl.int32)
-    kvh = h // GROUP
-    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)               # query rows of this tile, within the sequence
-    row_ok = rows < n_q
-    q_pos = L - n_q + rows                                     # their token positions
-    d = tl.arange(0, BLOCK_D)
-    q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + h * stride_qh + d[None, :] * stride_qd,
-                mask=q_mask, other=0.0).to(DOT_DTYPE)          # [BLOCK_M, BLOCK_D]
-
-    # keys this tile may see: up to its last row's position (causal), from its first row's window start
-    hi = tl.minimum(L - n_q + (mt + 1) * BLOCK_M, L)
-    hi = tl.where(mt * BLOCK_M < n_q, hi, 0)                   # a tile past the sequence's end does nothing
-    lo = hi * 0
-    if HAS_WINDOW:
-        lo = (tl.maximum(L - n_q + mt * BLOCK_M - window + 1, 0) // BLOCK_N) * BLOCK_N
-
-    if QUANT:
-        k_scale = tl.load(ks_ptr + kvh)
-        v_scale = tl.load(vs_ptr + kvh)
-
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        kv_ok = n < hi
-        blk = tl.load(bt_ptr + b * stride_btb + (n // BLOCK_SIZE) * stride_btn, mask=kv_ok, other=0).to(tl.int64)
-        off = n % BLOCK_SIZE
-        kv_mask = kv_ok[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(kc_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh
-                    + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        if QUANT:
-            k = k.to(tl.float32) * k_scale
-        if FRESH:                                              # positions >= L - n_q are this step's tokens
-            new = kv_ok & (n >= L - n_q)
-            row = q_start + n - (L - n_q)                      # their packed rows in k_new / v_new
-            new_mask = new[:, None] & (d[None, :] < HEAD_DIM)
-            k_new = tl.load(kn_ptr + row[:, None] * stride_knt + kvh * stride_knh + d[None, :] * stride_knd,
-                            mask=new_mask, other=0.0)
-            k = tl.where(new[:, None], k_new.to(tl.float32), k.to(tl.float32))
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_M, BLOCK_N]
-        rel = q_pos[:, None] - n[None, :]                      # how far back each key is from each query
-        ok = row_ok[:, None] & kv_ok[None, :] & (rel >= 0)
-        if HAS_WINDOW:
-            ok = ok & (rel < window)
-        s = tl.where(ok, s, float("-inf"))
-        v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
-                    + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if QUANT:
-            v = v.to(tl.float32) * v_scale
-        if FRESH:
-            v_new = tl.load(vn_ptr + row[:, None] * stride_vnt + kvh * stride_vnh + d[None, :] * stride_vnd,
-                            mask=new_mask, other=0.0)
-            v = tl.where(new[:, None], v_new.to(tl.float32), v.to(tl.float32))
-        m_i, l_i, acc = _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE)
-
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :] * stride_od,
-             o.to(out_ptr.dtype.element_ty), mask=q_mask)
-
-_paged_prefill = _LazyKernel(_paged_prefill_kernel)
-
-def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                         window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None, *,
-                         max_seqlen_q: int | None = None, block_m: int | None = None,
-                         block_n: int | None = None) -> torch.Tensor:
-    "`paged_prefill_reference` as a Triton kernel (CUDA tensors; CPU tensors run in the interpreter)."
-    num_tokens, n_heads, head_dim = q.shape
-    _, block_size, n_kv, _ = k_cache.shape
-    B = cu_seqlens_q.shape[0] - 1
-    out = torch.empty_like(q)
-    if num_tokens == 0 or B == 0: return out
-    if max_seqlen_q is None: max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    block_m = block_m or min(64, max(16, _next_pow2(max_seqlen_q)))
-    block_n = block_n or 64
-    _paged_prefill.on(q.device)[(triton.cdiv(max_seqlen_q, block_m), B, n_heads)](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale * 1.4426950408889634,
-        int(window or 0), *_quant_args(q, k_scale, v_scale, k_new, v_new),
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        *_strides3(k_new), *_strides3(v_new),
-        GROUP=n_heads // n_kv, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=bool(window),
-        BLOCK_M=block_m, BLOCK_D=max(16, _next_pow2(head_dim)), BLOCK_N=block_n, DOT_DTYPE=_dot_dtype(q),
-        QUANT=k_scale is not None, FRESH=k_new is not None)
-    return out
-
-# %% ../../nbs/13_paged_attention.ipynb #93db75f7
-def _use_triton(t: torch.Tensor) -> bool: return t.is_cuda and triton is not None
-
-def store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None) -> None:
-    "Write k, v `[num_tokens, kv_heads, head_dim]` into the paged cache at `slot_mapping` (−1: skip), in place."
-    if _use_triton(k_cache) and k_scale is None: store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
-    else: store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
-
-def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
-                  window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None,
-                  plan=None) -> torch.Tensor:
-    "Causal attention of packed queries `[num_tokens, q_heads, head_dim]` (the last tokens of each sequence)."
-    if _use_triton(q):
-        return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
-                                    k_scale, v_scale, k_new, v_new)
-    return paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
-                                   k_scale, v_scale, k_new, v_new, plan)
-
-def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
-                 plan=None, k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
-    "Attention of one query per sequence `[B, q_heads, head_dim]` at position seq_lens-1 (`plan`: see `decode_plan`)."
-    if _use_triton(q):
-        return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window, k_scale, v_scale, k_new, v_new)
-    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale,
-                                  k_new, v_new)
+    def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, window=None, plan=None,
+               k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
+        "Attention of one query per sequence `[B, q_heads, head_dim]` at position seq_lens-1 (`plan`: `decode_plan`)."
+        return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale,
+                                      k_new, v_new)

@@ -13,7 +13,7 @@ from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 
 # %% auto #0
-__all__ = ['SchedulerConfig', 'ScheduledBatch', 'Scheduler', 'simulate']
+__all__ = ['SchedulerConfig', 'ScheduledBatch', 'Scheduler', 'dry_run']
 
 # %% ../../nbs/14_scheduler.ipynb #178aa794
 @dataclass
@@ -33,10 +33,19 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledBatch:
-    "One step's work: `seqs[i]` runs `num_new_tokens[i]` tokens. Multi-token (prefill) entries come first."
+    """One step's work: `seqs[i]` computes `num_new_tokens[i]` tokens and samples at its last `num_sampled[i]`
+    positions (1 when the step reaches the end of its tokens, 0 for an unfinished prefill chunk; k + 1 when
+    speculation verifies k drafts). Multi-token (prefill) entries come first."""
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    num_sampled: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.num_sampled:   # the default: sample once where a step reaches the end of a sequence's tokens
+            self.num_sampled = [int(s.num_computed_tokens + n == s.num_tokens) for s, n in zip(self.seqs, self.num_new_tokens)]
+        if len(self.num_sampled) != len(self.seqs) or any(not 0 <= k <= n for k, n in zip(self.num_sampled, self.num_new_tokens)):
+            raise ValueError(f"num_sampled: one count per sequence, each in [0, num_new_tokens], got {self.num_sampled}")
 
     @property
     def num_tokens(self) -> int: return sum(self.num_new_tokens)
@@ -127,7 +136,7 @@ class Scheduler:
         queue.insert(bisect.bisect(keys, _priority_key(seq)), seq)
 
 # %% ../../nbs/14_scheduler.ipynb #b86e247c
-def simulate(prompt_lens: list[int], output_lens: list[int], num_blocks: int, block_size: int = 16,
+def dry_run(prompt_lens: list[int], output_lens: list[int], num_blocks: int, block_size: int = 16,
              config: SchedulerConfig | None = None, enable_prefix_caching: bool = False, prompts=None) -> list[dict]:
     "Drive a `Scheduler` with a fake model; one record per step (tokens, queues, block tables, preemptions)."
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching)

@@ -7,12 +7,13 @@ Docs: https://inferlab.github.io/inferlab/autoscale.html.md"""
 # %% ../../nbs/63_autoscale.ipynb #c2918317
 from __future__ import annotations
 import math
+from collections import deque
 from dataclasses import dataclass, field, asdict
 import numpy as np
 
 # %% auto #0
-__all__ = ['MetricWindow', 'initial_state', 'TrafficBased', 'KPA', 'HPA', 'RayServe', 'replay', 'to_kpa', 'to_ray_serve',
-           'knative_annotations', 'kserve_inference_service', 'ray_serve_autoscaling_config']
+__all__ = ['MetricWindow', 'initial_state', 'TrafficBased', 'KPA', 'HPA', 'RayServe', 'Controller', 'replay', 'to_kpa',
+           'to_ray_serve', 'knative_annotations', 'kserve_inference_service', 'ray_serve_autoscaling_config']
 
 # %% ../../nbs/63_autoscale.ipynb #33238d03
 @dataclass(frozen=True)
@@ -250,18 +251,34 @@ class RayServe:
         s["decision_counter"] = counter
         return new, s
 
+# %% ../../nbs/63_autoscale.ipynb #ed8885dc
+_LOOK_BACK = ("window", "stable_window", "look_back_period_s", "sync_period")
+
+class Controller:
+    "Drives one policy tick by tick: the concurrency samples it may look back at, and the state it carries."
+    def __init__(self, policy, replicas: int = 0, tick: float = 1.0, span: float | None = None):
+        self.policy, self.state, self.samples = policy, initial_state(replicas), deque()
+        self.span = span if span is not None else max([getattr(policy, k, 0) for k in _LOOK_BACK] + [tick]) + tick
+
+    def observe(self, now: float, concurrency: float):
+        "Add the sample ending at `now`; forget those older than `span`."
+        s = self.samples; s.append((now, concurrency))
+        while s and s[0][0] <= now - self.span: s.popleft()
+
+    def decide(self, now: float, current: int, ready: int) -> int:
+        "The policy's answer, given the replicas ordered (`current`) and serving (`ready`) now."
+        win = MetricWindow(tuple(t for t, _ in self.samples), tuple(c for _, c in self.samples))
+        desired, self.state = self.policy.decide({**self.state, "current": current, "ready": ready}, win, now)
+        return desired
+
 # %% ../../nbs/63_autoscale.ipynb #0520a46e
 def replay(policy, concurrency_fn, horizon: float, tick: float = 1.0, start: int = 1) -> tuple[np.ndarray, np.ndarray]:
     "Replay a policy on a concurrency curve with instant replicas; returns times and desired counts."
-    ts, ns, samples = [], [], {}
-    state = initial_state(start)
-    span = 3600.0
+    ctl, n, ts, ns = Controller(policy, start, tick, span=3600.0), start, [], []
     for i in range(int(horizon / tick)):
         now = (i + 1) * tick
-        samples[now] = float(concurrency_fn(now))
-        win = MetricWindow.of({t: c for t, c in samples.items() if t > now - span})
-        n, state = policy.decide(state, win, now)
-        state = {**state, "current": n, "ready": n}
+        ctl.observe(now, float(concurrency_fn(now)))
+        n = ctl.decide(now, n, n)                    # instant replicas: all ordered ones are ready
         ts.append(now); ns.append(n)
     return np.array(ts), np.array(ns)
 

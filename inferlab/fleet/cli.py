@@ -8,10 +8,12 @@ Docs: https://inferlab.github.io/inferlab/cli.html.md"""
 from __future__ import annotations
 import argparse, json, sys
 from .traffic import make_workload, load_trace, Diurnal, Spike, PRESETS
-from .replica import replica_from_roofline, GPUS, MODELS
+from ..model.hardware import GPUS
+from .replica import replica_from_roofline, MODELS
 from .autoscale import (TrafficBased, KPA, HPA, RayServe, knative_annotations, kserve_inference_service,
                                       ray_serve_autoscaling_config)
-from .sim import simulate, SLO
+from .sim import simulate
+from .results import SLO
 
 # %% auto #0
 __all__ = ['POLICIES', 'MAX_REQUESTS', 'MAX_TICKS', 'MAX_DURATION', 'build_parser', 'make_policy', 'main', 'check_limits']

@@ -12,7 +12,8 @@ import numpy as np
 from .traffic import Workload, make_workload, merge_workloads, Diurnal, Spike
 from .replica import ReplicaSpec, replica_from_roofline
 from .autoscale import TrafficBased
-from .sim import Cluster, Pool, Outage, SLO, FleetSimulator, FleetResult
+from .sim import Cluster, Pool, Outage, FleetSimulator
+from .results import SLO, FleetResult
 
 # %% auto #0
 __all__ = ['USER_REGIONS', 'default_clusters', 'regional_workload', 'siloed', 'unified', 'compare']

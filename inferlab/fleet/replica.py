@@ -1,4 +1,4 @@
-"""How long one engine step takes (prefill a + b·tokens + c·Σlength², decode a + b·context + c·batch), how many KV tokens fit, how long a cold start takes; presets for H100, H200 and B200 from a roofline, and a least-squares fit to measured step times.
+"""How long one engine step takes (prefill a + b·tokens + c·Σlength², decode a + b·context + c·batch), how many KV tokens fit, how long a cold start takes; presets for H100, H200 and B200 from a roofline, and a least-squares fit to measured step times; and a replica's batch between events, in closed form, for the fleet simulator.
 
 Docs: https://inferlab.github.io/inferlab/replica.html.md"""
 
@@ -6,14 +6,16 @@ Docs: https://inferlab.github.io/inferlab/replica.html.md"""
 
 # %% ../../nbs/62_replica.ipynb #a4606266
 from __future__ import annotations
-import csv, math
+import csv, heapq, math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
+from ..model.hardware import GPUSpec, GPUS, gpu_spec
 
 # %% auto #0
-__all__ = ['GPUS', 'MODELS', 'StepTimeModel', 'GPU', 'ModelSpec', 'ReplicaSpec', 'replica_from_roofline', 'replica_throughput',
-           'fit_step_time', 'with_step']
+__all__ = ['MODELS', 'StepTimeModel', 'ModelSpec', 'ReplicaSpec', 'replica_from_roofline', 'replica_throughput', 'fit_step_time',
+           'with_step', 'ReplicaState', 'start_prefill', 'end_prefill', 'next_completion', 'end_decodes',
+           'drop_requests']
 
 # %% ../../nbs/62_replica.ipynb #03efdf6d
 @dataclass
@@ -37,18 +39,6 @@ class StepTimeModel:
         return self.decode_a + self.decode_b * context_tokens + self.decode_c * batch
 
 # %% ../../nbs/62_replica.ipynb #a39b7742
-@dataclass(frozen=True)
-class GPU:
-    "Datasheet figures of one accelerator."
-    name: str
-    tflops: float          # dense BF16
-    hbm_tb_s: float
-    memory_gb: float
-    price_per_hour: float  # illustrative, $/GPU-hour
-
-GPUS = {"H100": GPU("H100", 989, 3.35, 80, 3.00), "H200": GPU("H200", 989, 4.8, 141, 3.70),
-        "B200": GPU("B200", 2250, 8.0, 180, 5.50)}
-
 @dataclass(frozen=True)
 class ModelSpec:
     "What the performance model needs to know about a model."
@@ -109,22 +99,20 @@ class ReplicaSpec:
     @property
     def price_per_hour(self) -> float: return self.price_per_gpu_hour * self.gpus
 
-def replica_from_roofline(gpu: str | GPU = "H100", model: str | ModelSpec = "llama-3-8b", tp: int = 1,
+def replica_from_roofline(gpu: str | GPUSpec = "H100", model: str | ModelSpec = "llama-3-8b", tp: int = 1,
                           mfu: float = 0.5, mbu: float = 0.7, overhead_s: float = 0.002,
                           memory_utilization: float = 0.9, max_num_seqs: int = 256, max_batched_tokens: int = 8192,
                           provision_s: float = 60.0, image_gb: float = 10.0, pull_gb_s: float = 1.0,
                           load_gb_s: float = 2.0) -> ReplicaSpec:
     "A `ReplicaSpec` whose step-time coefficients are a roofline estimate for `model` on `tp` x `gpu`."
-    if isinstance(gpu, str):
-        if gpu not in GPUS: raise ValueError(f"gpu: {gpu!r} unknown; presets: {', '.join(GPUS)}")
-        gpu = GPUS[gpu]
+    gpu = gpu_spec(gpu)
     if isinstance(model, str):
         if model not in MODELS: raise ValueError(f"model: {model!r} unknown; presets: {', '.join(MODELS)}")
         model = MODELS[model]
     if tp < 1: raise ValueError(f"tp: must be >= 1, got {tp}")
     if not 0 < mfu <= 1: raise ValueError(f"mfu: must be in (0, 1], got {mfu}")
     if not 0 < mbu <= 1: raise ValueError(f"mbu: must be in (0, 1], got {mbu}")
-    flops, bw = tp * gpu.tflops * 1e12 * mfu, tp * gpu.hbm_tb_s * 1e12 * mbu
+    flops, bw = tp * gpu.bf16_tflops * 1e12 * mfu, tp * gpu.mem_gbps * 1e9 * mbu
     weights_read = model.weight_bytes / bw
     step = StepTimeModel(
         prefill_a=overhead_s + weights_read, prefill_b=2 * model.active_b * 1e9 / flops,
@@ -185,3 +173,99 @@ def fit_step_time(table) -> tuple[StepTimeModel, dict]:
 def with_step(spec: ReplicaSpec, step: StepTimeModel) -> ReplicaSpec:
     "The same replica with measured (fitted) step times."
     return replace(spec, step=step, name=spec.name + " (fitted)")
+
+# %% ../../nbs/62_replica.ipynb #12a542af
+class ReplicaState:
+    "One replica's requests between events: admitted, waiting, prefilling, decoding; and its busy time."
+    __slots__ = ("spec", "prompt", "output", "service", "n", "kv", "waiting", "prefilling", "batch", "dec",
+                 "counter", "counter_t", "rate", "sum_start", "sum_prompt", "version", "busy", "busy_since")
+
+    def __init__(self, spec: ReplicaSpec, prompt: list, output: list, service: list | None = None, now: float = 0.0):
+        self.spec, self.prompt, self.output, self.service = spec, prompt, output, service
+        self.n = self.kv = 0                   # admitted requests and KV tokens reserved for them
+        self.waiting, self.prefilling, self.batch = [], False, []
+        self.dec = []                          # heap of (finish counter, request) of decoding requests
+        self.counter, self.counter_t, self.rate = 0.0, now, 0.0   # decode steps done by counter_t, steps/s
+        self.sum_start = self.sum_prompt = 0.0 # over decoding requests: counter at joining, prompt tokens
+        self.version = 0                       # bumped whenever a predicted completion goes stale
+        self.busy, self.busy_since = 0.0, None # seconds spent prefilling or decoding
+
+    def fits(self, i: int) -> bool:
+        "A free sequence slot and KV room for request `i`'s prompt and whole output?"
+        return self.n < self.spec.max_num_seqs and self.kv + self.prompt[i] + self.output[i] <= self.spec.kv_capacity_tokens
+    def admit(self, i: int): self.n += 1; self.kv += self.prompt[i] + self.output[i]; self.waiting.append(i)
+    def release(self, i: int): self.n -= 1; self.kv -= self.prompt[i] + self.output[i]
+
+    def advance(self, now: float):
+        "Decode progress since the last event, at the frozen step rate."
+        if not self.prefilling and self.dec: self.counter += (now - self.counter_t) * self.rate
+        self.counter_t = now
+
+    def mark_busy(self, now: float):
+        "Start or stop the busy clock as the replica starts or stops working."
+        busy = self.prefilling or bool(self.dec)
+        if busy and self.busy_since is None: self.busy_since = now
+        elif not busy: self.stop_busy(now)
+    def stop_busy(self, now: float):
+        if self.busy_since is not None: self.busy += now - self.busy_since; self.busy_since = None
+    def busy_seconds(self, now: float) -> float: return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+# %% ../../nbs/62_replica.ipynb #60193188
+def start_prefill(r: ReplicaState, now: float) -> float | None:
+    "Prefill the waiting prompts that fit the token budget; when it ends (None: already prefilling, or none waits)."
+    if r.prefilling or not r.waiting: return None
+    r.advance(now)
+    if r.service is not None:                  # job mode: one request, its own service time
+        batch = [r.waiting.pop(0)]; dur = r.service[batch[0]]
+    else:
+        budget, tok, sq, k = r.spec.max_batched_tokens, 0, 0, 0
+        for i in r.waiting:
+            if k and tok + r.prompt[i] > budget: break
+            tok += r.prompt[i]; sq += r.prompt[i] * r.prompt[i]; k += 1
+        batch, r.waiting = r.waiting[:k], r.waiting[k:]
+        dur = r.spec.step.prefill_time(tok, sq)
+    r.prefilling, r.batch = True, batch
+    r.version += 1                             # the pending decode completion is stale: prefill pauses decode
+    r.mark_busy(now)
+    return now + dur
+
+def end_prefill(r: ReplicaState, now: float) -> tuple[list, list]:
+    "The batch has its first token: (the batch, those of it already done); the others join decode."
+    r.prefilling, r.counter_t = False, now
+    batch, done = r.batch, []
+    for i in batch:
+        if r.service is not None or r.output[i] <= 1: r.release(i); done.append(i)
+        else:
+            heapq.heappush(r.dec, (r.counter + r.output[i] - 1, i))   # its last token, o - 1 steps from now
+            r.sum_start += r.counter; r.sum_prompt += r.prompt[i]
+    r.batch = []
+    return batch, done
+
+# %% ../../nbs/62_replica.ipynb #d43f2a8f
+def next_completion(r: ReplicaState, now: float) -> float | None:
+    "Re-rate decode for the batch as it is; when its next request finishes (None: not decoding)."
+    r.version += 1
+    r.mark_busy(now)
+    if r.prefilling or not r.dec: return None
+    nd = len(r.dec)                            # context: prompts + tokens decoded so far, frozen until the next event
+    step = r.spec.step.decode_time(r.sum_prompt + nd * r.counter - r.sum_start, nd)
+    r.rate = 1.0 / step
+    return now + max(0.0, r.dec[0][0] - r.counter) * step
+
+def end_decodes(r: ReplicaState, now: float) -> list:
+    "The requests whose last token was decoded by `now`; their KV room is released."
+    r.advance(now)
+    done = []
+    while r.dec and r.dec[0][0] <= r.counter + 1e-6:
+        fin, i = heapq.heappop(r.dec)
+        r.sum_start -= fin - (r.output[i] - 1); r.sum_prompt -= r.prompt[i]
+        r.release(i); done.append(i)
+    if not r.dec: r.sum_start = r.sum_prompt = 0.0   # no float drift across busy periods
+    return done
+
+def drop_requests(r: ReplicaState) -> list:
+    "Empty the replica (its cluster failed): its requests, waiting first, then prefilling, then decoding."
+    lost = r.waiting + r.batch + [i for _, i in sorted(r.dec)]
+    r.waiting, r.batch, r.dec, r.prefilling = [], [], [], False
+    r.n, r.kv = 0, 0; r.version += 1
+    return lost

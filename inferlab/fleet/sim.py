@@ -11,14 +11,16 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm.auto import tqdm
-from .traffic import Workload, make_workload, Diurnal, Spike
-from .replica import ReplicaSpec, replica_from_roofline
-from .autoscale import MetricWindow, initial_state, TrafficBased
+from .des import EventLoop
+from .traffic import Workload, make_workload
+from .replica import (ReplicaSpec, ReplicaState, replica_from_roofline, start_prefill, end_prefill,
+                                    next_completion, end_decodes, drop_requests)
+from .autoscale import Controller
+from .results import REJECT_REASONS, FleetResult
 
 # %% auto #0
-__all__ = ['REJECT_REASONS', 'DAY_REPLICA', 'Cluster', 'Pool', 'Outage', 'SLO', 'FleetSimulator', 'FleetResult', 'simulate',
-           'mmc_workload', 'queueing_check', 'day_workload', 'delay_tradeoff', 'pareto_front', 'sweep',
-           'compare_policies', 'benchmark']
+__all__ = ['PROVISIONING', 'READY', 'DRAINING', 'DEAD', 'Cluster', 'Pool', 'Outage', 'FleetSimulator', 'simulate', 'mmc_workload',
+           'queueing_check', 'benchmark']
 
 # %% ../../nbs/64_sim.ipynb #c3763e8d
 @dataclass
@@ -55,39 +57,6 @@ class Outage:
     def __post_init__(self):
         if self.end <= self.start: raise ValueError(f"end: must be after start ({self.end} <= {self.start})")
 
-@dataclass
-class SLO:
-    "Per-request latency objectives (MLPerf Llama-2-70B server defaults: TTFT 2 s, TPOT 200 ms)."
-    ttft: float = 2.0
-    tpot: float = 0.2
-    e2e: float = math.inf
-    def __post_init__(self):
-        for k in ("ttft", "tpot", "e2e"):
-            if getattr(self, k) <= 0: raise ValueError(f"{k}: must be > 0, got {getattr(self, k)}")
-
-REJECT_REASONS = ("queue_full", "timeout", "too_long", "replica_failure", "no_capacity")
-
-# %% ../../nbs/64_sim.ipynb #26fdb52b
-class _Replica:
-    "Mutable state of one replica inside the simulation (internal)."
-    __slots__ = ("rid", "pool", "cluster", "spec", "state", "t_start", "t_ready", "t_end", "n", "kv", "waiting",
-                 "prefilling", "batch", "dec", "counter", "counter_t", "rate", "sum_start", "sum_prompt", "version",
-                 "busy", "busy_since")
-    PROVISIONING, READY, DRAINING, DEAD = 0, 1, 2, 3
-    def __init__(self, rid, pool, cluster, spec, now, ready_at):
-        self.rid, self.pool, self.cluster, self.spec = rid, pool, cluster, spec
-        self.state = self.PROVISIONING if ready_at > now else self.READY
-        self.t_start, self.t_ready, self.t_end = now, ready_at, None
-        self.n = self.kv = 0                   # admitted requests and KV tokens reserved for them
-        self.waiting, self.prefilling, self.batch = [], False, []
-        self.dec = []                          # heap of (finish counter, request) for decoding requests
-        self.counter, self.counter_t, self.rate = 0.0, now, 0.0
-        self.sum_start = self.sum_prompt = 0.0
-        self.version = 0
-        self.busy, self.busy_since = 0.0, None # seconds spent prefilling or decoding
-
-_PREFILL_END, _DECODE_DONE, _READY, _TICK, _DOWN, _UP = range(6)
-
 # %% ../../nbs/64_sim.ipynb #b3ee81eb
 class FleetSimulator:
     "Discrete-event simulation of pools of continuously-batching replicas under autoscalers (until `horizon`, if given)."
@@ -102,360 +71,272 @@ class FleetSimulator:
         self.w, self.tick, self.queue_timeout, self.max_queue = workload, tick, queue_timeout, max_queue
         self.replica = replica or replica_from_roofline()
         self.clusters = clusters or [Cluster()]
-        self.cidx = {c.name: i for i, c in enumerate(self.clusters)}
-        if len(self.cidx) != len(self.clusters): raise ValueError("clusters: names must be unique")
         self.pools = pools or [Pool(clusters=(self.clusters[0].name,))]
-        for p in self.pools:
-            for c in p.clusters:
-                if c not in self.cidx: raise ValueError(f"clusters: pool {p.name!r} names unknown cluster {c!r}")
-        for o in outages:
-            if o.cluster not in self.cidx: raise ValueError(f"outages: unknown cluster {o.cluster!r}")
         self.outages, self.horizon, self.retry = list(outages), horizon, retry_on_failure
-        # RayServe counts control-loop ticks: give it ours
-        self.policies = [replace(p.policy, interval=tick) if hasattr(p.policy, "interval") else p.policy for p in self.pools]
-        n_regions = int(workload.region.max()) + 1 if workload.region is not None and len(workload) else 1
-        self.route = []                                   # user region -> pool index
-        for r in range(n_regions):
-            match = [i for i, p in enumerate(self.pools) if p.regions is None or r in p.regions]
-            if not match: raise ValueError(f"pools: no pool serves user region {r}")
-            self.route.append(match[0])
-        # per (pool, user region): the pool's clusters from nearest to farthest
-        self.near = [[sorted((self.cidx[c] for c in p.clusters), key=lambda ci: self.clusters[ci].latency_ms.get(r, 0.0))
-                      for r in range(n_regions)] for p in self.pools]
-        self.spec_of = [c.replica or self.replica for c in self.clusters]
-        self.price_of = [c.price_per_hour if c.price_per_hour is not None else s.price_per_hour
-                         for c, s in zip(self.clusters, self.spec_of)]
+        _plan(self)
 
-    def run(self, progress: bool = False) -> "FleetResult":
+    def run(self, progress: bool = False) -> FleetResult:
         "Simulate every request; `progress` shows a tqdm bar over arrivals."
         wall0 = time.perf_counter()
-        w, tick, timeout = self.w, self.tick, self.queue_timeout
-        N = len(w)
-        arr, prompt, output = w.t.tolist(), w.prompt.tolist(), w.output.tolist()
-        service = w.service.tolist() if w.service is not None else None
-        region = w.region.tolist() if w.region is not None else [0] * N
-        nan = math.nan
-        ttft, done, status, reason, where = [nan] * N, [nan] * N, [0] * N, [-1] * N, [-1] * N
-        P, C = len(self.pools), len(self.clusters)
-        heap, seqc = [], [0]
-        queues = [deque() for _ in range(P)]
-        in_sys, area, last = [0] * P, [0.0] * P, [0.0] * P
-        area_tick = [0.0] * P
-        replicas, pool_reps = [], [[] for _ in range(P)]
-        free = [[[] for _ in range(C)] for _ in range(P)]      # lazy heaps of (admitted, rid): least loaded first
-        cl_used, cl_up = [0] * C, [True] * C
-        place = [sorted((self.cidx[c] for c in p.clusters), key=lambda ci: self.price_of[ci]) for p in self.pools]
-        near, route, spec_of = self.near, self.route, self.spec_of
-        max_kv = max(s.kv_capacity_tokens for s in spec_of)
-        counts = {"retries": 0, "shortfall": 0, "events": 0}
-        window = [deque() for _ in range(P)]
-        span = [max([getattr(pol, a, 0) for a in ("window", "stable_window", "look_back_period_s", "sync_period")] + [tick]) + tick
-                for pol in self.policies]
-        pstate = [initial_state(p.initial_replicas) for p in self.pools]
-        ts_t, ts_ready, ts_billed, ts_queue, ts_sys = [], [], [], [], []
-        READY, DRAINING, DEAD, PROV = _Replica.READY, _Replica.DRAINING, _Replica.DEAD, _Replica.PROVISIONING
-        heappush, heappop = heapq.heappush, heapq.heappop
-        last_arrival = arr[-1] if N else 0.0
-        hard_end = self.horizon if self.horizon is not None else last_arrival + 2 * timeout + 3600
-
-        def push(t, kind, a=None, b=None):
-            heappush(heap, (t, seqc[0], kind, a, b)); seqc[0] += 1
-
-        def touch(p, now, delta):              # integrate requests-in-system for Little's law and the autoscaler
-            area[p] += in_sys[p] * (now - last[p]); last[p] = now; in_sys[p] += delta
-
-        def reject(i, why, now, queued):
-            status[i], reason[i] = 2, REJECT_REASONS.index(why)
-            if queued: touch(route[region[i]], now, -1)
-
-        def set_busy(r, now):
-            busy = r.prefilling or bool(r.dec)
-            if busy and r.busy_since is None: r.busy_since = now
-            elif not busy and r.busy_since is not None: r.busy += now - r.busy_since; r.busy_since = None
-
-        def advance(r, now):                   # decode progress since the last event, at the frozen step rate
-            if not r.prefilling and r.dec: r.counter += (now - r.counter_t) * r.rate
-            r.counter_t = now
-
-        def reschedule(r, now):
-            r.version += 1
-            if r.prefilling or not r.dec: set_busy(r, now); return
-            nd = len(r.dec)
-            step = r.spec.step.decode_time(r.sum_prompt + nd * r.counter - r.sum_start, nd)
-            r.rate = 1.0 / step
-            push(now + max(0.0, r.dec[0][0] - r.counter) * step, _DECODE_DONE, r, r.version)
-            set_busy(r, now)
-
-        def start_prefill(r, now):
-            if r.prefilling or not r.waiting: return
-            advance(r, now)
-            if service is not None:            # job mode: one request, its own service time
-                batch = [r.waiting.pop(0)]; dur = service[batch[0]]
-            else:
-                budget, tok, sq, k = r.spec.max_batched_tokens, 0, 0, 0
-                for i in r.waiting:
-                    if k and tok + prompt[i] > budget: break
-                    tok += prompt[i]; sq += prompt[i] * prompt[i]; k += 1
-                batch, r.waiting = r.waiting[:k], r.waiting[k:]
-                dur = r.spec.step.prefill_time(tok, sq)
-            r.prefilling, r.batch = True, batch
-            r.version += 1                     # the pending decode event is stale: prefill pauses decode
-            push(now + dur, _PREFILL_END, r, None)
-            set_busy(r, now)
-
-        def freed(r, now):                     # a slot opened on r
-            if r.state == READY: heappush(free[r.pool][r.cluster], (r.n, r.rid))
-            elif r.state == DRAINING and r.n == 0: retire(r, now)
-
-        def complete(i, r, now):
-            done[i], status[i] = now, 1
-            r.n -= 1; r.kv -= prompt[i] + output[i]
-            touch(r.pool, now, -1)
-
-        def on_prefill_end(r, now):
-            r.prefilling, r.counter_t = False, now
-            for i in r.batch:
-                ttft[i] = now
-                if service is not None or output[i] <= 1: complete(i, r, now)
-                else:
-                    heappush(r.dec, (r.counter + output[i] - 1, i))
-                    r.sum_start += r.counter; r.sum_prompt += prompt[i]
-            r.batch = []
-            if r.waiting: start_prefill(r, now)
-            else: reschedule(r, now)
-            freed(r, now); dispatch(r.pool, now)
-
-        def on_decode_done(r, now):
-            advance(r, now)
-            while r.dec and r.dec[0][0] <= r.counter + 1e-6:
-                fin, i = heappop(r.dec)
-                r.sum_start -= fin - (output[i] - 1); r.sum_prompt -= prompt[i]
-                complete(i, r, now)
-            if not r.dec: r.sum_start = r.sum_prompt = 0.0   # no float drift across busy periods
-            reschedule(r, now)
-            freed(r, now); dispatch(r.pool, now)
-
-        def dispatch(p, now):
-            q = queues[p]
-            while q:
-                i = q[0]
-                if now - arr[i] > timeout: q.popleft(); reject(i, "timeout", now, True); continue
-                need, chosen = prompt[i] + output[i], None
-                for ci in near[p][region[i]]:
-                    h = free[p][ci]
-                    while h:
-                        n, rid = h[0]; r = replicas[rid]
-                        if r.state != READY or r.n != n: heappop(h); continue
-                        if n < r.spec.max_num_seqs and r.kv + need <= r.spec.kv_capacity_tokens: chosen = r
-                        break
-                    if chosen: break
-                if chosen is None: return      # FIFO: the head waits for room
-                q.popleft(); r = chosen
-                r.n += 1; r.kv += need; where[i] = r.cluster
-                heappush(free[p][r.cluster], (r.n, r.rid))
-                r.waiting.append(i); start_prefill(r, now)
-
-        def add_replica(p, now, instant=False):
-            for ci in place[p]:
-                if cl_up[ci] and cl_used[ci] < self.clusters[ci].capacity:
-                    spec = spec_of[ci]
-                    r = _Replica(len(replicas), p, ci, spec, now, now if instant else now + spec.cold_start_s)
-                    replicas.append(r); pool_reps[p].append(r); cl_used[ci] += 1
-                    if instant: heappush(free[p][ci], (0, r.rid))
-                    else: push(r.t_ready, _READY, r, None)
-                    return True
-            counts["shortfall"] += 1
-            return False
-
-        def retire(r, now):
-            set_busy(r, now)
-            if r.busy_since is not None: r.busy += now - r.busy_since; r.busy_since = None
-            r.state, r.t_end = DEAD, now; cl_used[r.cluster] -= 1
-            pool_reps[r.pool].remove(r)
-
-        def remove_replica(p, now):
-            live = pool_reps[p]
-            prov = [r for r in live if r.state == PROV]
-            if prov: retire(prov[-1], now); return   # cancel the newest order first
-            ready = [r for r in live if r.state == READY]
-            if not ready: return
-            # the reverse of bin-packing: release the most expensive capacity first, the least loaded there
-            r = min(ready, key=lambda r: (-self.price_of[r.cluster], r.n, -r.rid))
-            r.state = DRAINING
-            if r.n == 0: retire(r, now)
-
-        def fail(r, now):                      # the replica's cluster went down
-            lost = list(r.waiting) + list(r.batch) + [i for _, i in sorted(r.dec)]
-            r.waiting, r.batch, r.dec, r.prefilling = [], [], [], False
-            r.n, r.kv = 0, 0; r.version += 1
-            retire(r, now)
-            q = queues[r.pool]
-            for i in reversed(lost):           # back to the head of the queue, oldest first
-                ttft[i], where[i] = nan, -1
-                if self.retry: q.appendleft(i); counts["retries"] += 1
-                else: reject(i, "replica_failure", now, True)
-
-        def on_tick(now):
-            for p in range(P):
-                touch(p, now, 0)
-                sample = (area[p] - area_tick[p]) / tick; area_tick[p] = area[p]
-                win = window[p]; win.append((now, sample))
-                while win and win[0][0] <= now - span[p]: win.popleft()
-                dispatch(p, now)               # also drops requests that timed out in the queue
-                pol = self.policies[p]
-                live = pool_reps[p]
-                cur = sum(1 for r in live if r.state in (READY, PROV))
-                ready = sum(1 for r in live if r.state == READY)
-                if pol is not None:
-                    st = {**pstate[p], "current": cur, "ready": ready}
-                    desired, pstate[p] = pol.decide(st, MetricWindow(tuple(t for t, _ in win), tuple(c for _, c in win)), now)
-                    for _ in range(desired - cur):
-                        if not add_replica(p, now): break
-                    for _ in range(cur - desired): remove_replica(p, now)
-                ts_t.append(now); ts_ready.append(ready); ts_billed.append(len(pool_reps[p]))
-                ts_queue.append(len(queues[p])); ts_sys.append(in_sys[p])
-            if (ai < N or any(in_sys)) and now + tick <= hard_end: push(now + tick, _TICK)
-
+        _reset(self)
         for p, pool in enumerate(self.pools):
-            for _ in range(pool.initial_replicas): add_replica(p, 0.0, instant=True)
+            for _ in range(pool.initial_replicas): _add_replica(self, p, 0.0, instant=True)
         for o in self.outages:
-            push(o.start, _DOWN, self.cidx[o.cluster], None)
-            if o.end < math.inf: push(o.end, _UP, self.cidx[o.cluster], None)
-        push(tick, _TICK)
-        bar = tqdm(total=N, disable=not progress, desc="requests", mininterval=0.5)
-        ai, next_t, now = 0, (arr[0] if N else math.inf), 0.0
-        stop = self.horizon if self.horizon is not None else math.inf
-        while True:
-            ht = heap[0][0] if heap else math.inf
-            if min(next_t, ht) > stop: now = stop; break     # the clock stops: what is left is in flight
-            if next_t <= ht:
-                if next_t == math.inf: break
-                now, i = next_t, ai
-                ai += 1; next_t = arr[ai] if ai < N else math.inf
-                if ai % 20000 == 0: bar.update(20000)
-                p = route[region[i]]
-                if prompt[i] + output[i] > max_kv: reject(i, "too_long", now, False)
-                elif len(queues[p]) >= self.max_queue: reject(i, "queue_full", now, False)
-                else: touch(p, now, 1); queues[p].append(i); dispatch(p, now)
-                continue
-            now, _, kind, a, b = heappop(heap)
-            counts["events"] += 1
-            if kind == _DECODE_DONE:
-                if b == a.version: on_decode_done(a, now)
-            elif kind == _PREFILL_END:
-                if a.state != DEAD: on_prefill_end(a, now)
-            elif kind == _TICK: on_tick(now)
-            elif kind == _READY:
-                if a.state == PROV: a.state = READY; heappush(free[a.pool][a.cluster], (a.n, a.rid)); dispatch(a.pool, now)
-            elif kind == _DOWN:
-                cl_up[a] = False
-                for r in [r for r in replicas if r.cluster == a and r.state != DEAD]: fail(r, now)
-                for p in range(P): dispatch(p, now)
-            elif kind == _UP: cl_up[a] = True
-        bar.update(N - bar.n); bar.close()
-        for i in range(ai, N): status[i] = -1                 # after the horizon: never arrived
-        end = now
-        for p in range(P): touch(p, end, 0)
-        rep_t = np.array([[r.t_start, r.t_end if r.t_end is not None else end, r.spec.gpus, self.price_of[r.cluster], r.cluster,
-                           r.busy + ((end - r.busy_since) if r.busy_since is not None else 0.0)] for r in replicas]).reshape(-1, 6)
-        lat = np.zeros((len(self.route), C))
-        for ci, c in enumerate(self.clusters):
-            for u, ms in c.latency_ms.items():
-                if u < len(self.route): lat[u, ci] = ms / 1000
-        return FleetResult(
-            workload=w, ttft_t=np.array(ttft), done_t=np.array(done), status=np.array(status), reason=np.array(reason),
-            cluster=np.array(where), net_latency=lat, end=end, in_system_area=float(sum(area)),
-            replicas=rep_t, ts_t=np.array(ts_t).reshape(-1, P)[:, 0] if ts_t else np.zeros(0),
-            ts_ready=np.array(ts_ready).reshape(-1, P), ts_billed=np.array(ts_billed).reshape(-1, P),
-            ts_queue=np.array(ts_queue).reshape(-1, P), ts_in_system=np.array(ts_sys).reshape(-1, P),
-            pool_names=[p.name for p in self.pools], cluster_names=[c.name for c in self.clusters],
-            retries=counts["retries"], shortfall=counts["shortfall"], events=counts["events"],
-            wall_s=time.perf_counter() - wall0)
+            self.loop.schedule(o.start, "down", self.cidx[o.cluster])
+            if o.end < math.inf: self.loop.schedule(o.end, "up", self.cidx[o.cluster])
+        self.loop.schedule(self.tick, "tick")
+        end = _events(self, progress)
+        return _result(self, end, time.perf_counter() - wall0)
+
+# %% ../../nbs/64_sim.ipynb #4d6bbbe3
+def _plan(sim: FleetSimulator):
+    "Check the topology; precompute routes, placement order, replica specs and prices."
+    sim.cidx = {c.name: i for i, c in enumerate(sim.clusters)}
+    if len(sim.cidx) != len(sim.clusters): raise ValueError("clusters: names must be unique")
+    for p in sim.pools:
+        for c in p.clusters:
+            if c not in sim.cidx: raise ValueError(f"clusters: pool {p.name!r} names unknown cluster {c!r}")
+    for o in sim.outages:
+        if o.cluster not in sim.cidx: raise ValueError(f"outages: unknown cluster {o.cluster!r}")
+    # RayServe counts control-loop ticks: give it ours
+    sim.policies = [replace(p.policy, interval=sim.tick) if hasattr(p.policy, "interval") else p.policy for p in sim.pools]
+    w = sim.w
+    n_regions = int(w.region.max()) + 1 if w.region is not None and len(w) else 1
+    sim.route = []                                    # user region -> pool index
+    for r in range(n_regions):
+        match = [i for i, p in enumerate(sim.pools) if p.regions is None or r in p.regions]
+        if not match: raise ValueError(f"pools: no pool serves user region {r}")
+        sim.route.append(match[0])
+    pool_cis = [[sim.cidx[c] for c in p.clusters] for p in sim.pools]
+    sim.near = [[sorted(cis, key=lambda ci: sim.clusters[ci].latency_ms.get(r, 0.0)) for r in range(n_regions)] for cis in pool_cis]
+    sim.spec_of = [c.replica or sim.replica for c in sim.clusters]
+    sim.price_of = [c.price_per_hour if c.price_per_hour is not None else s.price_per_hour for c, s in zip(sim.clusters, sim.spec_of)]
+    sim.place = [sorted(cis, key=lambda ci: sim.price_of[ci]) for cis in pool_cis]
+
+# %% ../../nbs/64_sim.ipynb #109419b7
+def _reset(sim: FleetSimulator):
+    "Fresh state for one run."
+    w, N, P, C = sim.w, len(sim.w), len(sim.pools), len(sim.clusters)
+    sim.N, sim.ai = N, 0                               # arrivals are walked with a pointer, never pushed
+    sim.arr, sim.prompt, sim.output = w.t.tolist(), w.prompt.tolist(), w.output.tolist()
+    sim.service = w.service.tolist() if w.service is not None else None
+    sim.region = w.region.tolist() if w.region is not None else [0] * N
+    sim.ttft, sim.done, sim.status, sim.reason, sim.where = [math.nan] * N, [math.nan] * N, [0] * N, [-1] * N, [-1] * N
+    sim.loop = EventLoop(start=-math.inf)              # workloads and outages may start before t = 0
+    sim.queues = [deque() for _ in range(P)]
+    sim.in_sys, sim.area, sim.last, sim.area_tick = [0] * P, [0.0] * P, [0.0] * P, [0.0] * P
+    sim.ctl = [Controller(pol, p.initial_replicas, sim.tick) if pol is not None else None for p, pol in zip(sim.pools, sim.policies)]
+    sim.replicas, sim.pool_reps = [], [[] for _ in range(P)]
+    sim.free = [[[] for _ in range(C)] for _ in range(P)]   # lazy heaps of (admitted, rid): least loaded first
+    sim.cl_used, sim.cl_up = [0] * C, [True] * C
+    sim.max_kv = max(s.kv_capacity_tokens for s in sim.spec_of)
+    sim.retries = sim.shortfall = sim.events = 0
+    sim.ts = {k: [] for k in ("t", "ready", "billed", "queue", "in_system")}
+    sim.hard_end = sim.horizon if sim.horizon is not None else (sim.arr[-1] if N else 0.0) + 2 * sim.queue_timeout + 3600
+
+# %% ../../nbs/64_sim.ipynb #28a04552
+PROVISIONING, READY, DRAINING, DEAD = 0, 1, 2, 3
+
+class _Replica(ReplicaState):
+    "A replica of the fleet: its requests (chapter 62), where it runs, and where it is in its life."
+    __slots__ = ("rid", "pool", "cluster", "state", "t_start", "t_ready", "t_end")
+    def __init__(self, rid, pool, cluster, spec, now, ready_at, prompt, output, service):
+        super().__init__(spec, prompt, output, service, now)
+        self.rid, self.pool, self.cluster = rid, pool, cluster
+        self.state = PROVISIONING if ready_at > now else READY
+        self.t_start, self.t_ready, self.t_end = now, ready_at, None
+
+def _add_replica(sim, p, now, instant=False) -> bool:
+    "Order a replica for pool `p` on its cheapest cluster that is up and has room; False if there is none."
+    for ci in sim.place[p]:
+        if sim.cl_up[ci] and sim.cl_used[ci] < sim.clusters[ci].capacity:
+            spec = sim.spec_of[ci]
+            r = _Replica(len(sim.replicas), p, ci, spec, now, now if instant else now + spec.cold_start_s,
+                         sim.prompt, sim.output, sim.service)
+            sim.replicas.append(r); sim.pool_reps[p].append(r); sim.cl_used[ci] += 1
+            if instant: heapq.heappush(sim.free[p][ci], (0, r.rid))
+            else: sim.loop.schedule(r.t_ready, "ready", r)
+            return True
+    sim.shortfall += 1
+    return False
+
+# %% ../../nbs/64_sim.ipynb #02f4e107
+def _retire(sim, r, now):
+    r.stop_busy(now)
+    r.state, r.t_end = DEAD, now; sim.cl_used[r.cluster] -= 1
+    sim.pool_reps[r.pool].remove(r)
+
+def _remove_replica(sim, p, now):
+    "Cancel the newest order still provisioning; else drain the least-loaded replica on the dearest cluster."
+    live = sim.pool_reps[p]
+    prov = [r for r in live if r.state == PROVISIONING]
+    if prov: _retire(sim, prov[-1], now); return
+    ready = [r for r in live if r.state == READY]
+    if not ready: return
+    r = min(ready, key=lambda r: (-sim.price_of[r.cluster], r.n, -r.rid))
+    r.state = DRAINING
+    if r.n == 0: _retire(sim, r, now)
+
+# %% ../../nbs/64_sim.ipynb #e37cd8e4
+def _touch(sim, p, now, delta):
+    "Integrate pool `p`'s requests in the system up to `now`, then add `delta`."
+    sim.area[p] += sim.in_sys[p] * (now - sim.last[p]); sim.last[p] = now; sim.in_sys[p] += delta
+
+def _reject(sim, i, why, now, queued):
+    sim.status[i], sim.reason[i] = 2, REJECT_REASONS.index(why)
+    if queued: _touch(sim, sim.route[sim.region[i]], now, -1)
+
+def _complete(sim, i, r, now):
+    sim.done[i], sim.status[i] = now, 1
+    _touch(sim, r.pool, now, -1)
+
+def _start_prefill(sim, r, now):
+    t = start_prefill(r, now)
+    if t is not None: sim.loop.schedule(t, "prefill_end", r)
+
+# %% ../../nbs/64_sim.ipynb #3f58065f
+def _dispatch(sim, p, now):
+    "Hand the oldest queued requests of pool `p` to the least-loaded ready replica with room, nearest cluster first."
+    q, free, replicas = sim.queues[p], sim.free[p], sim.replicas
+    while q:
+        i = q[0]
+        if now - sim.arr[i] > sim.queue_timeout: q.popleft(); _reject(sim, i, "timeout", now, True); continue
+        chosen = None
+        for ci in sim.near[p][sim.region[i]]:
+            h = free[ci]
+            while h:
+                n, rid = h[0]; r = replicas[rid]
+                if r.state != READY or r.n != n: heapq.heappop(h); continue   # stale: its load changed
+                if r.fits(i): chosen = r
+                break
+            if chosen: break
+        if chosen is None: return                        # FIFO: the head waits for room
+        q.popleft(); r = chosen
+        r.admit(i); sim.where[i] = r.cluster
+        heapq.heappush(free[r.cluster], (r.n, r.rid))
+        _start_prefill(sim, r, now)
+
+def _on_arrival(sim, i, now):
+    p = sim.route[sim.region[i]]
+    if sim.prompt[i] + sim.output[i] > sim.max_kv: _reject(sim, i, "too_long", now, False)
+    elif len(sim.queues[p]) >= sim.max_queue: _reject(sim, i, "queue_full", now, False)
+    else: _touch(sim, p, now, 1); sim.queues[p].append(i); _dispatch(sim, p, now)
+
+# %% ../../nbs/64_sim.ipynb #49882127
+def _next_decode(sim, r, now):
+    t = next_completion(r, now)
+    if t is not None: sim.loop.schedule(t, "decode_done", (r, r.version))
+
+def _freed(sim, r, now):
+    "Requests left `r`: offer its slots again (or retire it, drained), and serve the queue."
+    if r.state == READY: heapq.heappush(sim.free[r.pool][r.cluster], (r.n, r.rid))
+    elif r.state == DRAINING and r.n == 0: _retire(sim, r, now)
+    _dispatch(sim, r.pool, now)
+
+def _on_prefill_end(sim, r, now):
+    if r.state == DEAD: return                           # its cluster failed meanwhile
+    batch, done = end_prefill(r, now)
+    for i in batch: sim.ttft[i] = now
+    for i in done: _complete(sim, i, r, now)
+    if r.waiting: _start_prefill(sim, r, now)
+    else: _next_decode(sim, r, now)
+    _freed(sim, r, now)
+
+def _on_decode_done(sim, payload, now):
+    r, version = payload
+    if version != r.version: return                     # stale: the batch changed since
+    for i in end_decodes(r, now): _complete(sim, i, r, now)
+    _next_decode(sim, r, now)
+    _freed(sim, r, now)
+
+def _on_ready(sim, r, now):
+    if r.state != PROVISIONING: return                   # cancelled during its cold start
+    r.state = READY; heapq.heappush(sim.free[r.pool][r.cluster], (r.n, r.rid)); _dispatch(sim, r.pool, now)
+
+# %% ../../nbs/64_sim.ipynb #0548d481
+def _on_down(sim, ci, now):
+    "Cluster `ci` fails: its replicas die; their requests are retried first (or rejected)."
+    sim.cl_up[ci] = False
+    for r in [r for r in sim.replicas if r.cluster == ci and r.state != DEAD]:
+        lost = drop_requests(r)
+        _retire(sim, r, now)
+        for i in reversed(lost):                         # to the head of the queue, this replica's oldest first
+            sim.ttft[i], sim.where[i] = math.nan, -1
+            if sim.retry: sim.queues[r.pool].appendleft(i); sim.retries += 1
+            else: _reject(sim, i, "replica_failure", now, True)
+    for p in range(len(sim.pools)): _dispatch(sim, p, now)
+
+def _on_up(sim, ci, now): sim.cl_up[ci] = True
+
+# %% ../../nbs/64_sim.ipynb #0ae1aa3e
+def _tick_pool(sim, p, now):
+    "Sample pool `p`'s concurrency, expire its queue, let its autoscaler resize it, record its gauges."
+    _touch(sim, p, now, 0)
+    sample = (sim.area[p] - sim.area_tick[p]) / sim.tick; sim.area_tick[p] = sim.area[p]
+    _dispatch(sim, p, now)                               # also drops requests that timed out in the queue
+    live, ctl = sim.pool_reps[p], sim.ctl[p]
+    cur = sum(1 for r in live if r.state in (READY, PROVISIONING))
+    ready = sum(1 for r in live if r.state == READY)
+    if ctl is not None:
+        ctl.observe(now, sample)
+        desired = ctl.decide(now, cur, ready)
+        for _ in range(desired - cur):
+            if not _add_replica(sim, p, now): break
+        for _ in range(cur - desired): _remove_replica(sim, p, now)
+    for k, v in (("t", now), ("ready", ready), ("billed", len(live)), ("queue", len(sim.queues[p])), ("in_system", sim.in_sys[p])):
+        sim.ts[k].append(v)
+
+def _on_tick(sim, _, now):
+    for p in range(len(sim.pools)): _tick_pool(sim, p, now)
+    if (sim.ai < sim.N or any(sim.in_sys)) and now + sim.tick <= sim.hard_end: sim.loop.schedule(now + sim.tick, "tick")
+
+# %% ../../nbs/64_sim.ipynb #f21e2da0
+_HANDLERS = {"prefill_end": _on_prefill_end, "decode_done": _on_decode_done, "ready": _on_ready,
+             "tick": _on_tick, "down": _on_down, "up": _on_up}
+
+def _events(sim, progress: bool) -> float:
+    "Take arrivals and events in time order until both run out or the clock passes the horizon; the end time."
+    loop, arr, N = sim.loop, sim.arr, sim.N
+    stop = sim.horizon if sim.horizon is not None else math.inf
+    bar = tqdm(total=N, disable=not progress, desc="requests", mininterval=0.5)
+    next_t, now = (arr[0] if N else math.inf), 0.0
+    while True:
+        ht = loop.peek_time()
+        if min(next_t, ht) > stop: now = stop; break      # the clock stops: what is left is in flight
+        if next_t <= ht:                                   # the next arrival comes first
+            if next_t == math.inf: break
+            now, i = next_t, sim.ai
+            sim.ai += 1; next_t = arr[sim.ai] if sim.ai < N else math.inf
+            if sim.ai % 20000 == 0: bar.update(20000)
+            _on_arrival(sim, i, now)
+            continue
+        now, kind, payload = loop.pop()
+        sim.events += 1
+        _HANDLERS[kind](sim, payload, now)
+    bar.update(N - bar.n); bar.close()
+    for i in range(sim.ai, N): sim.status[i] = -1        # after the horizon: never arrived
+    return now
+
+# %% ../../nbs/64_sim.ipynb #8094bb3e
+def _result(sim, end: float, wall_s: float) -> FleetResult:
+    P = len(sim.pools)
+    for p in range(P): _touch(sim, p, end, 0)
+    reps = np.array([[r.t_start, r.t_end if r.t_end is not None else end, r.spec.gpus, sim.price_of[r.cluster], r.cluster,
+                      r.busy_seconds(end)] for r in sim.replicas]).reshape(-1, 6)
+    lat = np.zeros((len(sim.route), len(sim.clusters)))
+    for ci, c in enumerate(sim.clusters):
+        for u, ms in c.latency_ms.items():
+            if u < len(sim.route): lat[u, ci] = ms / 1000
+    ts = {k: np.array(v).reshape(-1, P) for k, v in sim.ts.items()}
+    return FleetResult(
+        workload=sim.w, ttft_t=np.array(sim.ttft), done_t=np.array(sim.done), status=np.array(sim.status),
+        reason=np.array(sim.reason), cluster=np.array(sim.where), net_latency=lat, end=end,
+        in_system_area=float(sum(sim.area)), replicas=reps, ts_t=ts["t"][:, 0] if len(ts["t"]) else np.zeros(0),
+        ts_ready=ts["ready"], ts_billed=ts["billed"], ts_queue=ts["queue"], ts_in_system=ts["in_system"],
+        pool_names=[p.name for p in sim.pools], cluster_names=[c.name for c in sim.clusters],
+        retries=sim.retries, shortfall=sim.shortfall, events=sim.events, wall_s=wall_s)
 
 # %% ../../nbs/64_sim.ipynb #0cd220cd
-def _pct(a, q): return float(np.percentile(a, q)) if len(a) else math.nan
-
-@dataclass
-class FleetResult:
-    "Everything a run produced: per-request times and outcomes, replica lifetimes, and time series per pool."
-    workload: Workload
-    ttft_t: np.ndarray        # absolute time of the first token (NaN if none)
-    done_t: np.ndarray        # absolute completion time (NaN if not completed)
-    status: np.ndarray        # 0 in flight at the end, 1 completed, 2 rejected, -1 not arrived by the horizon
-    reason: np.ndarray        # index into REJECT_REASONS for rejected requests
-    cluster: np.ndarray       # cluster that served the request (-1 if none)
-    net_latency: np.ndarray   # [user region, cluster] round trip, seconds
-    end: float
-    in_system_area: float     # integral of requests in the system over time
-    replicas: np.ndarray      # [replica, (start, end, gpus, price/h, cluster, busy seconds)]
-    ts_t: np.ndarray
-    ts_ready: np.ndarray
-    ts_billed: np.ndarray
-    ts_queue: np.ndarray
-    ts_in_system: np.ndarray
-    pool_names: list
-    cluster_names: list
-    retries: int = 0
-    shortfall: int = 0
-    events: int = 0
-    wall_s: float = 0.0
-
-    @property
-    def arrivals(self) -> int: return int((self.status >= 0).sum())
-    @property
-    def completed(self) -> int: return int((self.status == 1).sum())
-    @property
-    def rejected(self) -> int: return int((self.status == 2).sum())
-    @property
-    def in_flight(self) -> int: return int((self.status == 0).sum())
-
-    def rejected_by_reason(self) -> dict:
-        return {r: int(((self.status == 2) & (self.reason == k)).sum()) for k, r in enumerate(REJECT_REASONS)}
-
-    def latencies(self) -> dict:
-        "TTFT, end-to-end and TPOT (vLLM's definitions) of completed requests, network round trip included."
-        w, ok = self.workload, self.status == 1
-        reg = w.region[ok] if w.region is not None else np.zeros(ok.sum(), int)
-        net = self.net_latency[reg, self.cluster[ok]] if ok.any() else np.zeros(0)
-        arr = w.t[ok]
-        ttft, e2e = self.ttft_t[ok] - arr + net, self.done_t[ok] - arr + net
-        out = w.output[ok]
-        tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), 0.0)
-        return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "output": out, "index": np.flatnonzero(ok)}
-
-    def gpu_hours(self) -> float: return float(((self.replicas[:, 1] - self.replicas[:, 0]) * self.replicas[:, 2]).sum() / 3600)
-    def cost(self) -> float: return float(((self.replicas[:, 1] - self.replicas[:, 0]) * self.replicas[:, 3]).sum() / 3600)
-    def utilization(self) -> float:
-        "Busy replica-seconds over billed replica-seconds."
-        billed = (self.replicas[:, 1] - self.replicas[:, 0]).sum()
-        return float(self.replicas[:, 5].sum() / billed) if billed > 0 else math.nan
-
-    def summary(self, slo: SLO | None = None) -> dict:
-        slo = slo or SLO()
-        lat, w = self.latencies(), self.workload
-        good = (lat["ttft"] <= slo.ttft) & (lat["tpot"] <= slo.tpot) & (lat["e2e"] <= slo.e2e)
-        span = max(self.end - (w.t[0] if len(w) else 0.0), 1e-9)
-        tokens = float(w.output[self.status == 1].sum())
-        return {"requests": self.arrivals, "completed": self.completed, "rejected": self.rejected,
-                "in_flight": self.in_flight, **{f"rejected_{k}": v for k, v in self.rejected_by_reason().items() if v},
-                "ttft_p50": _pct(lat["ttft"], 50), "ttft_p90": _pct(lat["ttft"], 90), "ttft_p99": _pct(lat["ttft"], 99),
-                "tpot_p50": _pct(lat["tpot"], 50), "tpot_p99": _pct(lat["tpot"], 99),
-                "e2e_p50": _pct(lat["e2e"], 50), "e2e_p99": _pct(lat["e2e"], 99),
-                "slo_attainment": float(good.sum() / max(self.arrivals, 1)), "goodput_rps": float(good.sum() / span),
-                "throughput_tok_s": tokens / span, "mean_queue": float(self.ts_queue.sum(1).mean()) if len(self.ts_queue) else 0.0,
-                "mean_replicas": float(self.ts_billed.sum(1).mean()) if len(self.ts_billed) else 0.0,
-                "peak_replicas": int(self.ts_billed.sum(1).max()) if len(self.ts_billed) else 0,
-                "gpu_hours": self.gpu_hours(), "cost_usd": self.cost(), "utilization": self.utilization(),
-                "usd_per_mtok": self.cost() / tokens * 1e6 if tokens else math.nan,
-                "retries": self.retries, "sim_wall_s": self.wall_s}
-
-    def table(self, slo: SLO | None = None) -> str:
-        "The summary as a two-column text table."
-        s = self.summary(slo)
-        fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v))
-        width = max(map(len, s))
-        return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in s.items())
-
 def simulate(workload: Workload, replica: ReplicaSpec | None = None, policy=None, replicas: int = 1,
              progress: bool = False, **kw) -> FleetResult:
     "One pool on one unbounded cluster: `replicas` to start with, resized by `policy` (None: fixed)."
@@ -481,52 +362,6 @@ def queueing_check(c: int, lam: float, mu: float = 1.0, n: int = 125_000, seeds=
         # L from the 1-s samples of requests in system (not the same bookkeeping as W), lambda counted
         little.append(r.ts_in_system.mean() / (n / r.ts_t[-1] * soj[-1]))
     return {"wq": float(np.mean(wq)), "sojourn": float(np.mean(soj)), "little": float(np.mean(little))}
-
-# %% ../../nbs/64_sim.ipynb #0bc48b83
-def day_workload(traffic: str = "conversation", rate: float = 8.0, hours: float = 4.0, seed: int = 0,
-                 spike: bool = True) -> Workload:
-    "A day compressed into `hours`: a diurnal cycle (±60%) and, optionally, a 5x spike for 5 minutes."
-    dur = hours * 3600
-    pats = [Diurnal(amplitude=0.6, peak_hour=14, period=dur)] + ([Spike(0.8 * dur, 300, 5.0)] if spike else [])
-    return make_workload(traffic, rate=rate, duration=dur, patterns=pats, seed=seed)
-
-DAY_REPLICA = replica_from_roofline("H100", "llama-3-8b", max_num_seqs=32, provision_s=60, image_gb=10, load_gb_s=2)
-
-# %% ../../nbs/64_sim.ipynb #33661fb2
-def delay_tradeoff(w: Workload, replica: ReplicaSpec, delays, **knobs) -> list[dict]:
-    "Cost, SLO attainment and replicas ordered for each scale-down delay, other knobs fixed."
-    out = []
-    for d in delays:
-        pol = TrafficBased(scale_down_delay=d, **knobs)
-        r = simulate(w, replica, pol, replicas=max(1, pol.min_replicas), queue_timeout=120)
-        s = r.summary()
-        out.append({"delay": d, "cost": s["cost_usd"], "slo": s["slo_attainment"], "ordered": len(r.replicas),
-                    "ttft_p99": s["ttft_p99"], "utilization": s["utilization"]})
-    return out
-
-# %% ../../nbs/64_sim.ipynb #bceafd54
-def pareto_front(points: list[dict], cost: str = "cost", quality: str = "slo") -> list[dict]:
-    "Points not dominated by another that costs no more and attains no less (and is strictly better on one)."
-    pts = sorted(points, key=lambda p: (p[cost], -p[quality]))
-    front, best = [], -math.inf
-    for p in pts:
-        if p[quality] > best: front.append(p); best = p[quality]
-    return front
-
-def sweep(w: Workload, replica: ReplicaSpec, targets, delays, progress: bool = False, **knobs) -> list[dict]:
-    "Run the five-knob policy for every (concurrency target, scale-down delay)."
-    out = []
-    for c in tqdm(targets, disable=not progress, desc="targets"):
-        for d in delays:
-            pol = TrafficBased(concurrency_target=c, scale_down_delay=d, **knobs)
-            s = simulate(w, replica, pol, replicas=max(1, pol.min_replicas), queue_timeout=120).summary()
-            out.append({"target": c, "delay": d, "cost": s["cost_usd"], "slo": s["slo_attainment"], "ttft_p99": s["ttft_p99"]})
-    return out
-
-# %% ../../nbs/64_sim.ipynb #c89901e4
-def compare_policies(w: Workload, replica: ReplicaSpec, policies: dict, replicas: int = 1) -> dict:
-    "Summary of each named policy on the same workload."
-    return {name: simulate(w, replica, pol, replicas=replicas, queue_timeout=120).summary() for name, pol in policies.items()}
 
 # %% ../../nbs/64_sim.ipynb #1cf66c60
 def benchmark(n: int = 1_000_000, replicas: int = 500, rate: float | None = None, progress: bool = True) -> dict:

@@ -13,12 +13,13 @@ from ..model.model import CausalLM, load_model, ours_to_hf, config_to_hf
 from ..model.sampling import SamplingParams
 from ..engine.kv_memory import kv_bytes_per_token
 from ..engine.llm_engine import LLMEngine, EngineConfig
+from ..testing import random_model, llama_100m_config
 
 # %% auto #0
-__all__ = ['OFFLINE_BATCHES', 'memory_bandwidth', 'llama_100m_config', 'random_model', 'hf_twin', 'make_workload',
-           'corpus_token_ids', 'text_workload', 'bench_workloads', 'with_context', 'left_padded', 'hf_offline',
-           'run_engine', 'inferlab_offline', 'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates',
-           'median_mbu', 'ttft_shared_prefix', 'decode_bytes_per_token', 'hf_prefill', 'inferlab_prefill', 'BusyLoad',
+__all__ = ['OFFLINE_BATCHES', 'memory_bandwidth', 'hf_twin', 'random_requests', 'corpus_token_ids', 'text_workload',
+           'bench_workloads', 'with_context', 'left_padded', 'hf_offline', 'run_engine', 'inferlab_offline',
+           'decode_rate', 'hf_decode_rate', 'inferlab_decode_rate', 'paired_decode_rates', 'median_mbu',
+           'ttft_shared_prefix', 'decode_bytes_per_token', 'hf_prefill', 'inferlab_prefill', 'BusyLoad',
            'step_profiles', 'format_profiles', 'throughput_rows', 'run_bench', 'main']
 
 # %% ../../nbs/70_bench.ipynb #0f68d762
@@ -33,20 +34,6 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, buffer: torch.
     return nbytes / best / 1e9
 
 # %% ../../nbs/70_bench.ipynb #fe090352
-def llama_100m_config() -> ModelConfig:
-    return ModelConfig(architecture="LlamaForCausalLM", vocab_size=32000, hidden_size=768, intermediate_size=2048,
-                       num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-                       tie_word_embeddings=True, max_position_embeddings=2048, rms_norm_eps=1e-5)
-
-def random_model(cfg: ModelConfig, seed: int = 0) -> CausalLM:
-    "A float32 model with seeded N(0, 0.02) weights (norm weights 1)."
-    g = torch.Generator().manual_seed(seed)
-    m = CausalLM(cfg)
-    for name, p in m.named_parameters():
-        if "norm" in name: p.data.fill_(1.0)
-        else: p.data.normal_(0, 0.02, generator=g)
-    return m.eval().requires_grad_(False)
-
 def hf_twin(model: CausalLM):
     "The same weights in a `transformers` model (built from our config, loaded from our state dict; no files)."
     import transformers
@@ -59,7 +46,7 @@ def hf_twin(model: CausalLM):
     if cfg.tie_word_embeddings: hf.tie_weights()
     return hf.eval().requires_grad_(False)
 
-def make_workload(n: int = 128, seed: int = 0, prompt_median: float = 64, output_median: float = 48,
+def random_requests(n: int = 128, seed: int = 0, prompt_median: float = 64, output_median: float = 48,
                   sigma: float = 0.8, max_prompt: int = 512, max_output: int = 256, vocab: int = 4096) -> list[tuple[list[int], int]]:
     "`n` (prompt token ids, output length) pairs; lengths lognormal, token ids random (greedy work does not depend on them)."
     rng = random.Random(seed)
@@ -95,7 +82,7 @@ def bench_workloads(seed: int = 0, scale: float = 1.0, vocab: int = 4096) -> dic
     n = lambda k: max(2, round(k * scale))
     return {"prefill-heavy": text_workload(ids, n(96), seed),
             "long-prompt": text_workload(ids, n(12), seed, output=(16, 0.5, 8, 32), uniform_prompt=(1024, 4096)),
-            "decode-heavy": make_workload(n(128), seed, vocab=vocab)}
+            "decode-heavy": random_requests(n(128), seed, vocab=vocab)}
 
 def with_context(model: CausalLM, max_positions: int) -> CausalLM:
     "The same module (same weights) with `max_position_embeddings` raised, for prompts longer than it was trained on."
@@ -146,14 +133,19 @@ def inferlab_offline(engine: LLMEngine, workload) -> float:
     return run_engine(engine, workload)["seconds"]
 
 @torch.inference_mode()
+def decode_rate(run, n: int = 128) -> float:
+    """Batch-1 decode tokens/s from `run(k)`, the seconds to generate k new tokens: n over (time for n+1) minus (time
+    for 1), best of a few runs each, so prefill, set-up and the first token cancel out. One rule for every engine."""
+    run(4)                                                          # warm-up
+    return n / (min(run(n + 1) for _ in range(2)) - min(run(1) for _ in range(3)))
+
 def hf_decode_rate(hf, prompt: list[int], n: int = 128) -> float:
-    "HF batch-1 decode tokens/s (time for n+1 new tokens minus time for 1)."
+    "HF batch-1 decode tokens/s (`decode_rate` over `generate`)."
     x = torch.tensor([prompt])
     def run(k):
         t = time.perf_counter(); hf.generate(x, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0)
         return time.perf_counter() - t
-    run(4)
-    return n / (min(run(n + 1) for _ in range(2)) - min(run(1) for _ in range(3)))
+    return decode_rate(run, n)
 
 def inferlab_decode_rate(engine: LLMEngine, prompt: list[int], n: int = 128) -> float:
     "inferlab batch-1 decode tokens/s, measured the same way."
@@ -162,8 +154,7 @@ def inferlab_decode_rate(engine: LLMEngine, prompt: list[int], n: int = 128) -> 
         t = time.perf_counter()
         while engine.has_unfinished(): engine.step()
         return time.perf_counter() - t
-    run(4)
-    return n / (min(run(n + 1) for _ in range(2)) - min(run(1) for _ in range(3)))
+    return decode_rate(run, n)
 
 def paired_decode_rates(hf, model, prompt: list[int], n: int = 128, rounds: int = 5,
                         bandwidth_buffer: torch.Tensor | None = None) -> dict:

@@ -12,7 +12,7 @@ from ..model.sampling import SamplingParams
 from ..engine.llm_engine import LLMEngine, EngineConfig
 
 # %% auto #0
-__all__ = ['batch_sweep', 'pareto']
+__all__ = ['batch_sweep']
 
 # %% ../../nbs/72_frontier.ipynb #89e4017c
 def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64, output_len: int = 32,
@@ -34,8 +34,3 @@ def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64
                          e2e_s=sum(s.finish_time - s.arrival_time for s in seqs) / len(seqs),
                          mean_running=sum(running) / len(running), steps=eng.num_steps))
     return rows
-
-def pareto(rows, x="tpot_ms", y="tok_s") -> list[dict]:
-    "The points no other point beats on both lower `x` and higher `y`."
-    return [r for r in rows if not any(o[x] <= r[x] and o[y] >= r[y] and o is not r and (o[x], o[y]) != (r[x], r[y])
-                                       for o in rows)]

@@ -12,9 +12,11 @@ import torch
 from .config import ModelConfig
 from .sampling import SamplingParams, sample, make_generator, token_logprobs
 from .tokenizer import Tokenizer, detokenize_incremental
+from .layers import attention_mask, sdpa_reference
 
 # %% auto #0
-__all__ = ['KVCache', 'GenerationOutput', 'check_prompt', 'find_stop', 'generate_one', 'generate', 'time_decode_steps']
+__all__ = ['KVCache', 'GenerationOutput', 'check_prompt', 'find_stop', 'detokenize_and_check', 'generate_one', 'generate',
+           'time_decode_steps']
 
 # %% ../../nbs/06_generate.ipynb #34b5caf0
 class KVCache:
@@ -31,6 +33,11 @@ class KVCache:
         if end > self.max_len: raise ValueError(f"kv_cache: {end} positions exceed its max_len={self.max_len}")
         self.k[layer][:, self.seq_len:end], self.v[layer][:, self.seq_len:end] = k, v
         return self.k[layer][:, :end], self.v[layer][:, :end]
+
+    def attend(self, layer: int, q, k, v, positions, window: int | None, scale: float):
+        "Store this step's keys/values after the cached ones; attend over all of them (the cache holds positions 0..s-1)."
+        k, v = self.update(layer, k, v)
+        return sdpa_reference(q, k, v, attention_mask(positions, torch.arange(k.shape[1], device=q.device), window), scale)
 
     def advance(self, t: int): self.seq_len += t
     def nbytes(self) -> int: return sum(t.numel() * t.element_size() for t in self.k + self.v)
@@ -61,6 +68,26 @@ def find_stop(text: str, stops: list[str], start: int) -> int:
     hits = [i for s in stops if (i := text.find(s, max(0, start - len(s) + 1))) != -1]
     return min(hits) if hits else -1
 
+def detokenize_and_check(tok: Tokenizer | None, token_ids: list[int], text: str, offsets: tuple, params: SamplingParams,
+                         eos_ids: set, num_output: int, budget: int) -> tuple[str, tuple, str | None]:
+    """The rules for one appended token (`token_ids[-1]`), shared by the reference generate and the engine: a stop or
+    EOS token ends the request; else its text is detokenized incrementally and a stop string cuts the text before it;
+    else `budget` output tokens end it. Returns (text, detokenizer offsets, finish reason or None)."""
+    t, reason = token_ids[-1], None
+    if t in params.stop_token_ids or (not params.ignore_eos and t in eos_ids): reason = "stop"
+    elif tok is not None:
+        n_before = len(text)
+        piece, *offsets = detokenize_incremental(tok, token_ids, *offsets)
+        offsets, text = tuple(offsets), text + piece
+        if params.stop and piece and (j := find_stop(text, params.stop, n_before)) != -1:
+            return text[:j], offsets, "stop"                  # cut before the stop string; nothing to flush
+    if reason is None and num_output >= budget: reason = "length"
+    if reason is not None and tok is not None:                # flush a held-back partial character
+        po, ro = offsets
+        text += tok.decode(token_ids[po:])[len(tok.decode(token_ids[po:ro])):]
+    return text, offsets, reason
+
+
 # %% ../../nbs/06_generate.ipynb #c9c2c548
 @torch.no_grad()
 def generate_one(model, tok: Tokenizer | None, prompt: str | list[int], params: SamplingParams | None = None) -> GenerationOutput:
@@ -71,14 +98,13 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int], params: 
     check_prompt(prompt_ids, cfg)
     out = GenerationOutput(prompt_token_ids=prompt_ids)
     budget = min(params.max_tokens, cfg.max_position_embeddings - len(prompt_ids))
-    eos = set() if params.ignore_eos else set(cfg.eos_token_ids) | ({getattr(tok, "eos_token_id", None)} - {None})
-    stop_ids = set(params.stop_token_ids) | eos
+    eos = set(cfg.eos_token_ids) | ({getattr(tok, "eos_token_id", None)} - {None})
     gen = make_generator(params, model.device)
     cache = KVCache(cfg, 1, len(prompt_ids) + budget, model.dtype, model.device)
     t0, x = time.perf_counter(), torch.tensor([prompt_ids], device=model.device)
     # Detokenize from 5 tokens before the end of the prompt (as vLLM does): tokenizers that drop a leading space
     # when decoding from mid-sequence then still see the context.
-    all_ids, po, ro = list(prompt_ids), max(0, len(prompt_ids) - 5), len(prompt_ids)
+    all_ids, offsets = list(prompt_ids), (max(0, len(prompt_ids) - 5), len(prompt_ids))
     for step in range(budget):
         h = model.hidden_states(x, kv_cache=cache)[0, -1]                # [hidden]: only the last position is sampled
         logits = model.lm_head(h)                                         # [vocab]
@@ -87,17 +113,9 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int], params: 
         out.token_ids.append(t); all_ids.append(t)
         if params.logprobs is not None:
             lp, tops = token_logprobs(logits, t, params.logprobs); out.logprobs.append(lp); out.top_logprobs.append(tops)
-        if t in stop_ids: out.finish_reason = "stop"; break
-        if tok is None: x = torch.tensor([[t]], device=model.device); continue
-        piece, po, ro = detokenize_incremental(tok, all_ids, po, ro)
-        n_before = len(out.text); out.text += piece
-        if params.stop and piece and (i := find_stop(out.text, params.stop, n_before)) != -1:
-            out.text, out.finish_reason = out.text[:i], "stop"
-            break
+        out.text, offsets, reason = detokenize_and_check(tok, all_ids, out.text, offsets, params, eos, step + 1, budget)
+        if reason is not None: out.finish_reason = reason; break
         x = torch.tensor([[t]], device=model.device)
-    else: out.finish_reason = "length"
-    if tok is not None and not (params.stop and out.finish_reason == "stop" and all_ids[-1] not in stop_ids):
-        out.text += tok.decode(all_ids[po:])[len(tok.decode(all_ids[po:ro])):]   # flush a held-back partial character
     out.total_s = time.perf_counter() - t0
     return out
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['RMSNorm', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'attention_mask', 'sdpa_reference', 'Attention', 'MLP']
+__all__ = ['NO_CACHE', 'RMSNorm', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'attention_mask', 'sdpa_reference', 'NoCache',
+           'Attention', 'MLP']
 
 # %% ../../nbs/02_layers.ipynb #94d7465c
 class RMSNorm(nn.Module):
@@ -76,6 +77,16 @@ def sdpa_reference(q, k, v, mask, scale: float):
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(1, 2)                                                    # [b, t, hq, d]
 
+class NoCache:
+    """The attention interface every KV cache implements, without a cache: `attend(layer, q, k, v, positions,
+    window, scale)` → `[b, t, hq, d]`, the step's queries against the step's own keys (a full forward pass)."""
+    def attend(self, layer: int, q, k, v, positions, window: int | None, scale: float):
+        return sdpa_reference(q, k, v, attention_mask(positions, positions, window), scale)
+    def advance(self, n: int): pass
+
+NO_CACHE = NoCache()
+
+
 # %% ../../nbs/02_layers.ipynb #3e086337
 class Attention(nn.Module):
     "Multi-head attention with GQA, optional q/k/v bias (Qwen2), q/k RMSNorm (Qwen3) and a sliding window."
@@ -110,17 +121,11 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, positions, kv_cache=None):
-        "x `[b, t, d]`; positions `[t]`; `kv_cache.update(layer, k, v)` returns all keys/values so far."
+        """x `[b, t, d]`; positions `[t]`. `kv_cache` is whatever stores keys and values — none, chapter 06's contiguous
+        cache, the engine's paged one (chapter 15): each implements `attend`, so this layer never asks which it got."""
         q, k, v = self.qkv(x, cos, sin)
-        if hasattr(kv_cache, "attend"):   # the engine's paged cache (chapter 15) stores k/v by slot and attends itself
-            return self.o_proj(kv_cache.attend(self.layer_idx, q, k, v, self.window, self.scale).flatten(2))
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, k, v)
-            k_pos = torch.arange(k.shape[1], device=x.device)   # a contiguous cache holds positions 0..s-1
-        else: k_pos = positions
-        mask = attention_mask(positions, k_pos, self.window)
-        out = sdpa_reference(q, k, v, mask, self.scale)
-        return self.o_proj(out.flatten(2))
+        cache = NO_CACHE if kv_cache is None else kv_cache
+        return self.o_proj(cache.attend(self.layer_idx, q, k, v, positions, self.window, self.scale).flatten(2))
 
 # %% ../../nbs/02_layers.ipynb #1b9479a1
 class MLP(nn.Module):

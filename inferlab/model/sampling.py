@@ -12,7 +12,7 @@ import torch
 
 # %% auto #0
 __all__ = ['MAX_LOGPROBS', 'SamplingParams', 'apply_top_k', 'apply_top_p', 'apply_min_p', 'processed_logits', 'probs_from_logits',
-           'make_generator', 'sample', 'token_logprobs', 'chi2_quantile', 'chi2_statistic']
+           'make_generator', 'sample', 'token_logprobs', 'chi2_quantile', 'chi2_statistic', 'sample_rows']
 
 # %% ../../nbs/05_sampling.ipynb #625909fc
 MAX_LOGPROBS = 20   # the most top log-probabilities a request may ask for (vLLM's default max_logprobs)
@@ -127,3 +127,17 @@ def chi2_statistic(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, in
     expected = probs[keep] * n
     assert counts[~keep].sum() == 0, "a token outside the support was drawn"
     return float(((counts[keep] - expected) ** 2 / expected).sum()), int(keep.sum()) - 1
+
+# %% ../../nbs/05_sampling.ipynb #f4ca5250
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+    "One token per row of `logits [R, vocab]`: row r with `params[r]` and `generators[r]` (None: the global RNG)."
+    if not (len(params) == len(generators) == logits.shape[0]):
+        raise ValueError(f"sample_rows: {logits.shape[0]} rows, {len(params)} params, {len(generators)} generators")
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if len(greedy) == len(params): return logits.argmax(-1).tolist()   # all greedy: one argmax, no gather
+    out = [0] * len(params)
+    if greedy:
+        for i, t in zip(greedy, logits[greedy].argmax(-1).tolist()): out[i] = t
+    for i, p in enumerate(params):
+        if not p.greedy: out[i] = sample(logits[i], p, generators[i])
+    return out

@@ -7,46 +7,25 @@ Docs: https://inferlab.github.io/inferlab/quant_kernels.html.md"""
 # %% ../../nbs/24_quant_kernels.ipynb #da125e4a
 from __future__ import annotations
 import math
-import os
-import sys
 from dataclasses import dataclass
+from functools import partial
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
-from .quantize import QuantLinear, parse_weight_format, unpack_int4
+from .linear import QuantLinear, parse_weight_format, unpack_int4
 from .block_formats import bits_per_element
-
-# Without CUDA, Triton can only run kernels in its interpreter, which must be chosen before Triton is first imported.
-if "triton" not in sys.modules and not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
-try:                                  # Triton is optional: without it the torch references run
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = tl = None
-from ..engine.paged_attention import _LazyKernel, _dot_dtype, interpreter_ready
+from ..model.hardware import GPUSpec, H200          # the peak figures of chapter 09's table
+# Triton as chapter 13a imports it (None when not installed; in interpreter mode on a machine without CUDA)
+from ..engine.triton_attention import LazyKernel, dot_dtype, interpreter_ready, triton, tl
 
 # %% auto #0
-__all__ = ['H200', 'E2M1_VALUES', 'NVFP4_BLOCK', 'GPUSpec', 'bits_per_weight', 'linear_time_s', 'decode_tokens_per_s',
-           'ridge_batch', 'w4a16_matmul_reference', 'quantize_per_token', 'int8_matmul_int32', 'w8a8_matmul_reference',
+__all__ = ['E2M1_VALUES', 'NVFP4_BLOCK', 'bits_per_weight', 'linear_time_s', 'decode_tokens_per_s', 'ridge_batch',
+           'w4a16_matmul_reference', 'quantize_per_token', 'int8_matmul_int32', 'w8a8_matmul_reference',
            'w8a16_matmul_reference', 'fp8_matmul_reference', 'nvfp4_matmul_reference', 'w4a16_matmul_triton',
            'nvfp4_matmul_triton', 'w8a16_matmul_triton', 'fp8_matmul_triton', 'w8a8_matmul_triton', 'quant_matmul_kind',
-           'quant_matmul']
+           'quant_matmul', 'use_gpu_kernels']
 
 # %% ../../nbs/24_quant_kernels.ipynb #6e0db8cd
-@dataclass
-class GPUSpec:
-    "Peak numbers of one accelerator (dense, no sparsity). Defaults: an NVIDIA H200 SXM."
-    name: str = "H200"
-    mem_gbps: float = 4800.0        # HBM3e bandwidth, GB/s
-    bf16_tflops: float = 989.0      # 16-bit tensor cores
-    int8_tops: float = 1979.0       # INT8 (and FP8) tensor cores: twice the 16-bit rate
-
-    def __post_init__(self):
-        for f in ("mem_gbps", "bf16_tflops", "int8_tops"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not v > 0: raise ValueError(f"{f}: must be a positive number, got {v!r}")
-
-H200 = GPUSpec()
-
 def bits_per_weight(weights: str | None, in_features: int = 4096) -> float:
     "Storage bits per weight, scales included: None (bf16) 16, 'int8' 8 + 16/K, 'int4-g128' 4.125, 'nvfp4' 4.5."
     spec = parse_weight_format(weights)
@@ -191,7 +170,7 @@ def _matmul_4bit_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, K, KH, tiles
     tl.store(out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :] * stride_on,
              acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
-_matmul_4bit = _LazyKernel(_matmul_4bit_kernel)
+_matmul_4bit = LazyKernel(_matmul_4bit_kernel)
 
 # %% ../../nbs/24_quant_kernels.ipynb #511b76aa
 @dataclass
@@ -243,7 +222,7 @@ def _launch_4bit(x, qweight, scale, tensor_scale, group: int, nvfp4: bool, tiles
         _matmul_4bit.on(x.device)[p.grid](
             x2, qweight, scale, scale if tensor_scale is None else tensor_scale, p.out, x2.shape[0], N, x2.shape[1], Kh,
             p.tiles_per_split, *x2.stride(), *qweight.stride(), *scale.stride(), *p.out.stride(),
-            GROUP=group, NVFP4=nvfp4, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KH=p.block_k // 2, DOT_DTYPE=_dot_dtype(x2))
+            GROUP=group, NVFP4=nvfp4, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KH=p.block_k // 2, DOT_DTYPE=dot_dtype(x2))
     return p.result(x.dtype).reshape(*x.shape[:-1], N)
 
 def w4a16_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group_size: int,
@@ -282,7 +261,7 @@ def _matmul_8bit_kernel(x_ptr, w_ptr, s_ptr, xs_ptr, out_ptr, M, N, K, tiles_per
     tl.store(out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :] * stride_on,
              res.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
-_matmul_8bit = _LazyKernel(_matmul_8bit_kernel)
+_matmul_8bit = LazyKernel(_matmul_8bit_kernel)
 
 def _launch_8bit(xk, x_scale, qweight, scale, out_dtype, out_shape, tiles: dict) -> torch.Tensor:
     "xk `[M, K]` (floats, or int8 codes with `x_scale` `[M]`) times 8-bit codes `[N, K]`, scaled per row."
@@ -295,7 +274,7 @@ def _launch_8bit(xk, x_scale, qweight, scale, out_dtype, out_shape, tiles: dict)
         _matmul_8bit.on(xk.device)[p.grid](
             xk, qweight.view(torch.uint8) if fp8 else qweight, s, s if x_scale is None else x_scale, p.out, xk.shape[0], N, K, p.tiles_per_split,
             *xk.stride(), *qweight.stride(), *p.out.stride(), INT8_DOT=int8_dot, FP8=fp8, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
-            BLOCK_K=p.block_k, DOT_DTYPE=tl.float32 if int8_dot else _dot_dtype(xk))
+            BLOCK_K=p.block_k, DOT_DTYPE=tl.float32 if int8_dot else dot_dtype(xk))
     return p.result(out_dtype).reshape(*out_shape, N)
 
 def w8a16_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, **tiles) -> torch.Tensor:
@@ -340,3 +319,13 @@ def quant_matmul(x: torch.Tensor, layer: QuantLinear, allow_interpreter: bool = 
     elif kind == "w8a16": out = w8a16_matmul_triton(x, layer.qweight, layer.scale)
     else: out = nvfp4_matmul_triton(x, layer.qweight, layer.scale, layer.tensor_scale)
     return out if layer.bias is None else out + layer.bias.to(out.dtype)
+
+# %% ../../nbs/24_quant_kernels.ipynb #6884b6f0
+def use_gpu_kernels(model: nn.Module, allow_interpreter: bool = False) -> int:
+    "Set `kernel = quant_matmul` on each `QuantLinear` of `model` that is on CUDA and has a Triton kernel; returns how many."
+    kernel = partial(quant_matmul, allow_interpreter=True) if allow_interpreter else quant_matmul
+    n = 0
+    for m in model.modules():
+        if not isinstance(m, QuantLinear) or quant_matmul_kind(m) is None or triton is None: continue
+        if m.qweight.is_cuda or (allow_interpreter and interpreter_ready()): m.kernel, n = kernel, n + 1
+    return n

@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 from ..model.config import ModelConfig, num_params
 from ..model.model import CausalLM
-from ..frontier.bench import llama_100m_config, random_model   # the ~100M config of chapter 18
+from ..testing import llama_100m_config, random_model   # the ~100M config the benchmarks time (chapter 70)
 from ..model.generate import KVCache
-from .quantize import QuantRecipe, QuantLinear, quantize, weight_memory_bytes
+from .linear import QuantLinear
+from .quantize import QuantRecipe, quantize, weight_memory_bytes
 
 # %% auto #0
 __all__ = ['BENCH_VARIANTS', 'eval_windows', 'logits_of', 'kl_per_position', 'kl_stats', 'nll_from_logits', 'perplexity',
@@ -152,17 +153,17 @@ def quant_decode_benchmark(cfg: ModelConfig | None = None, steps: int = 32, prom
         for name, weights, dtype, kernel in variants:
             m = copy.deepcopy(base)
             if weights: quantize(m, QuantRecipe(weights=weights))
+            if not kernel:                                                  # "no kernel": its layers run the reference
+                for layer in m.modules():
+                    if isinstance(layer, QuantLinear): layer.kernel = None
             models.append((m.to(dtype), kernel))
         del base
         decoders = [_Decoder(m, prompt_len + steps + 2 * rounds, prompt_len, seed) for m, _ in models]
         times = [[] for _ in variants]
         for r in range(rounds):
-            for i, (d, (m, kernel)) in enumerate(zip(decoders, models)):
-                QuantLinear.use_kernel = kernel
-                try:
-                    d.step()                                                    # one untimed step: caches warm
-                    times[i] += [d.step() for _ in range(max(1, steps // rounds))]
-                finally: QuantLinear.use_kernel = True
+            for i, d in enumerate(decoders):
+                d.step()                                                        # one untimed step: caches warm
+                times[i] += [d.step() for _ in range(max(1, steps // rounds))]
         threads_used = torch.get_num_threads()
     finally: torch.set_num_threads(old_threads)
     rows = []

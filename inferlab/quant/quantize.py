@@ -1,4 +1,4 @@
-"""Recipes that turn a trained model's linear layers into int8, int4, FP8, MXFP4 or NVFP4 (weights, and optionally activations), by round-to-nearest, SmoothQuant or GPTQ, measured by the KL divergence to the original.
+"""Recipes that turn a trained model's linear layers into chapter 22a's `QuantLinear` (int8, int4, FP8, MXFP4 or NVFP4 weights, and optionally activations), by round-to-nearest, SmoothQuant or GPTQ, measured by the KL divergence to the original.
 
 Docs: https://inferlab.github.io/inferlab/quantize.html.md"""
 
@@ -6,68 +6,29 @@ Docs: https://inferlab.github.io/inferlab/quantize.html.md"""
 
 # %% ../../nbs/23_quantize.ipynb #de36be73
 from __future__ import annotations
-import fnmatch, math, re
+import fnmatch, math
 from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from ..model.layers import MLP
 from ..model.moe import MoEBlock
+from ..engine.paged_attention import KV_CACHE_DTYPES      # the KV block formats the engine stores (chapter 13)
+from .linear import (QuantLinear, WeightSpec, ACT_FORMATS, parse_weight_format, padded_in_features,
+    weight_scales, quantize_to_codes)
 
 # %% auto #0
-__all__ = ['BLOCK_FORMATS', 'BLOCK_ALIASES', 'WEIGHT_FORMATS', 'ACT_FORMATS', 'KV_FORMATS', 'METHODS', 'FP8_MAX',
-           'KERNEL_MAX_ROWS', 'WeightSpec', 'parse_weight_format', 'QuantRecipe', 'pack_int4', 'unpack_int4',
-           'padded_in_features', 'weight_scales', 'scales_per_column', 'quantize_to_codes', 'quantize_weight',
-           'dequantize_codes', 'quantize_activation', 'cpu_kernels', 'QuantLinear', 'name_matches', 'quant_targets',
-           'input_amax', 'quantize', 'weight_memory_bytes', 'smooth_scales', 'smooth_model', 'gptq_quantize_weight',
-           'gptq_model']
-
-# %% ../../nbs/23_quantize.ipynb #37deaf70
-BLOCK_FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8", "nvfp4")
-BLOCK_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e2m3"}
-WEIGHT_FORMATS = ("int8", "int8-tensor", "int8-g128", "int4-g32", "int4-g64", "int4-g128", "int4-channel",
-                  "fp8", "fp8-tensor") + BLOCK_FORMATS        # the usual ones; any int8/int4-gN with N even works too
-ACT_FORMATS = {"int8": ("int8", "token"), "int8-token": ("int8", "token"), "int8-tensor": ("int8", "tensor"),
-               "fp8": ("fp8", "tensor"), "fp8-tensor": ("fp8", "tensor"), "fp8-token": ("fp8", "token")}
-KV_FORMATS = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8")
-METHODS = ("rtn", "smoothquant", "gptq")
-FP8_MAX = 448.0                                   # largest finite float8_e4m3fn
-
-@dataclass(frozen=True)
-class WeightSpec:
-    "A parsed weight format: `kind` int/fp8/block/none, `bits`, `granularity` tensor/channel/group, `group_size`."
-    name: str
-    kind: str
-    bits: int = 16
-    granularity: str = "channel"
-    group_size: int = 0
-
-def parse_weight_format(s: str | None) -> WeightSpec:
-    "'int8', 'int8-tensor', 'int4-g128', 'int4-channel', 'fp8', 'fp8-tensor', 'mxfp4', 'nvfp4', ... → `WeightSpec`."
-    if s is None: return WeightSpec("none", "none", 32, "tensor")
-    if not isinstance(s, str): raise ValueError(f"weights: expected a format name, got {s!r}")
-    s = BLOCK_ALIASES.get(s, s)
-    if s in BLOCK_FORMATS:
-        return WeightSpec(s, "block", 8 if s.startswith(("mxfp8", "mxint8")) else 6 if s.startswith("mxfp6") else 4, "block")
-    m = re.fullmatch(r"(int8|int4|fp8)(?:-(tensor|channel|g(\d+)))?", s)
-    if not m or (m.group(1) == "fp8" and m.group(3)) or (m.group(1) == "int4" and m.group(2) is None):
-        raise ValueError(f"weights: {s!r} is not a weight format; valid: {', '.join(WEIGHT_FORMATS)} "
-                         "(int8/int4 take any even group size: int4-g256)")
-    fmt, gran = m.group(1), m.group(2) or "channel"
-    bits = 4 if fmt == "int4" else 8
-    if m.group(3):
-        g = int(m.group(3))
-        if g < 2 or g % 2: raise ValueError(f"weights: group size {g} in {s!r} must be an even number >= 2")
-        return WeightSpec(s, "int", bits, "group", g)
-    return WeightSpec(s, "fp8" if fmt == "fp8" else "int", bits, gran)
+__all__ = ['METHODS', 'QuantRecipe', 'name_matches', 'quant_targets', 'quantize', 'weight_memory_bytes', 'input_amax',
+           'smooth_scales', 'smooth_model', 'gptq_quantize_weight', 'gptq_model']
 
 # %% ../../nbs/23_quantize.ipynb #c3850f47
+METHODS = ("rtn", "smoothquant", "gptq")
+
 @dataclass
 class QuantRecipe:
     "What to quantize and how. `skip` lists module-name patterns kept in high precision ('lm_head', 'layers.0', '*.down_proj')."
     weights: str | None = None        # "int8" (per channel), "int4-g32|g64|g128", "fp8", "mxfp4", "nvfp4", ... (WEIGHT_FORMATS)
     activations: str | None = None    # None, "int8" (per-token, dynamic), "fp8" (per-tensor, dynamic), "int8-tensor", "fp8-token"
-    kv_cache: str | None = None       # recorded for the engine: "fp8" or "int8"
+    kv_cache: str | None = None       # a KV_CACHE_DTYPES name, for the engine: "fp8" (E4M3) or "int8"
     method: str = "rtn"               # "rtn" (round to nearest), "smoothquant" (W8A8), "gptq" (int weights)
     skip: list[str] = field(default_factory=list)
     smooth_alpha: float = 0.5         # SmoothQuant migration strength
@@ -77,8 +38,8 @@ class QuantRecipe:
         self.spec = parse_weight_format(self.weights)
         if self.activations is not None and self.activations not in ACT_FORMATS:
             raise ValueError(f"activations: {self.activations!r} is not supported; valid: None, {', '.join(ACT_FORMATS)}")
-        if self.kv_cache is not None and self.kv_cache not in KV_FORMATS:
-            raise ValueError(f"kv_cache: {self.kv_cache!r} is not supported; valid: None, {', '.join(KV_FORMATS)}")
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache: {self.kv_cache!r} is not supported; valid: None, {', '.join(KV_CACHE_DTYPES)}")
         if self.method not in METHODS:
             raise ValueError(f"method: {self.method!r} is not supported; valid: {', '.join(METHODS)}")
         if self.method == "smoothquant" and self.activations is None:
@@ -92,222 +53,6 @@ class QuantRecipe:
         if not isinstance(self.smooth_alpha, (int, float)) or not 0 <= self.smooth_alpha <= 1:
             raise ValueError(f"smooth_alpha: must be a number in [0, 1], got {self.smooth_alpha!r}")
         if not self.damp > 0: raise ValueError(f"damp: must be > 0, got {self.damp}")
-
-# %% ../../nbs/23_quantize.ipynb #60cea31e
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    "Codes in [-8, 7] `[..., 2n]` → bytes `[..., n]`, stored offset by 8; the low nibble holds the even element."
-    u = (q.to(torch.int16) + 8).to(torch.uint8)
-    return u[..., 0::2] | (u[..., 1::2] << 4)
-
-def unpack_int4(p: torch.Tensor) -> torch.Tensor:
-    "Bytes `[..., n]` → int8 codes `[..., 2n]` in [-8, 7]."
-    lo, hi = (p & 0xF).to(torch.int8) - 8, (p >> 4).to(torch.int8) - 8
-    return torch.stack([lo, hi], -1).flatten(-2)
-
-# %% ../../nbs/23_quantize.ipynb #691d41aa
-def _qmax(spec: WeightSpec) -> float: return FP8_MAX if spec.kind == "fp8" else 2 ** (spec.bits - 1) - 1
-
-def padded_in_features(in_features: int, spec: WeightSpec) -> int:
-    "Groups must tile the input dimension: pad it with zero columns to a multiple of the group size."
-    g = spec.group_size if spec.granularity == "group" else 1
-    return -(-in_features // g) * g
-
-def weight_scales(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
-    "Symmetric scales amax/qmax: `[1]` per tensor, `[N]` per channel, `[N, K/g]` per group. fp16 for int (as GPTQ/AWQ store them), fp32 for fp8."
-    w = w.float()
-    if spec.granularity == "tensor": amax = w.abs().amax().reshape(1)                   # [1]
-    elif spec.granularity == "channel": amax = w.abs().amax(1)                          # [N]
-    else:
-        N, K = w.shape
-        wp = F.pad(w, (0, padded_in_features(K, spec) - K))
-        amax = wp.view(N, -1, spec.group_size).abs().amax(-1)                           # [N, K/g]
-    s = amax / _qmax(spec)
-    if spec.kind == "int": return s.clamp(min=2 ** -14, max=65504).half()              # a zero group still gets a usable scale
-    return s.clamp(min=1e-12)
-
-def scales_per_column(scale: torch.Tensor, spec: WeightSpec, n_cols: int) -> torch.Tensor:
-    "Broadcast the stored scales to one per weight `[N or 1, n_cols]` in float32."
-    s = scale.float()
-    if spec.granularity == "group": return s.repeat_interleave(spec.group_size, 1)[:, :n_cols]
-    return s.reshape(-1, 1).expand(-1, n_cols)
-
-def quantize_to_codes(w: torch.Tensor, s: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
-    "Round `w / s` to the format's grid (same shape): int8 codes in [-qmax-1, qmax], or float8_e4m3fn values."
-    x = w.float() / s
-    if spec.kind == "fp8": return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # clamp first: the cast would give NaN
-    qmax = _qmax(spec)
-    return torch.round(x).clamp(-qmax - 1, qmax).to(torch.int8)
-
-def quantize_weight(w: torch.Tensor, spec: WeightSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    "Round-to-nearest: `(codes, scale)` for a weight `[N, K]`; int codes are padded to `[N, K_padded]`."
-    N, K = w.shape
-    s = weight_scales(w, spec)
-    Kp = padded_in_features(K, spec) if spec.kind == "int" else K
-    return quantize_to_codes(F.pad(w.float(), (0, Kp - K)), scales_per_column(s, spec, Kp), spec), s
-
-def dequantize_codes(codes: torch.Tensor, scale: torch.Tensor, spec: WeightSpec, in_features: int) -> torch.Tensor:
-    "codes × scales, cut back to `[N, in_features]`, float32."
-    return (codes.float() * scales_per_column(scale, spec, codes.shape[1]))[:, :in_features]
-
-# %% ../../nbs/23_quantize.ipynb #7d93f822
-def quantize_activation(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    "Dynamic fake quantization: scale from this very tensor (per token = per row, or per tensor), round, scale back."
-    kind, gran = ACT_FORMATS[fmt]
-    xf = x.float()
-    amax = xf.abs().amax(-1, keepdim=True) if gran == "token" else xf.abs().amax()   # [..., 1] or []
-    if kind == "int8":
-        s = (amax / 127).clamp(min=1e-12)
-        return (torch.round(xf / s).clamp(-127, 127) * s).to(x.dtype)
-    s = (amax / FP8_MAX).clamp(min=1e-12)
-    return ((xf / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
-
-# %% ../../nbs/23_quantize.ipynb #d29984a6
-KERNEL_MAX_ROWS = 32     # above this many rows, dequantize + one GEMM beats the CPU weight-only kernels (chapter 25)
-_CPU_KERNELS: dict | None = None
-
-def _int4_kernel_weight(codes_u4: torch.Tensor) -> torch.Tensor:
-    "torch's tiled CPU layout for int4 weights, from codes 0..15 `[N, K]`."
-    return torch._convert_weight_to_int4pack_for_cpu(codes_u4.to(torch.int32).contiguous(), 2)
-
-def _int4_scales_and_zeros(scale: torch.Tensor, dtype) -> torch.Tensor:
-    "The kernel dequantizes `(u - 8) * scale + zero`; symmetric codes have zero = 0. `[K/g, N, 2]`."
-    s = scale.t().to(dtype)
-    return torch.stack([s, torch.zeros_like(s)], -1).contiguous()
-
-def cpu_kernels() -> dict:
-    "Which PyTorch CPU weight-only kernels exist here *and* match the reference dequantize-then-matmul (checked once)."
-    global _CPU_KERNELS
-    if _CPU_KERNELS is None:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(3, 128, generator=g).bfloat16()
-        w = torch.randn(64, 128, generator=g)
-        ok = {}
-        try:
-            c, s = quantize_weight(w, parse_weight_format("int8"))
-            out = torch._weight_int8pack_mm(x, c, s.to(x.dtype)).float()
-            ok["int8"] = bool(torch.allclose(out, x.float() @ dequantize_codes(c, s, parse_weight_format("int8"), 128).t(), rtol=2e-2, atol=0.2))
-        except (AttributeError, RuntimeError, NotImplementedError): ok["int8"] = False
-        try:
-            spec = parse_weight_format("int4-g32")
-            c, s = quantize_weight(w, spec)
-            out = torch._weight_int4pack_mm_for_cpu(x, _int4_kernel_weight(c + 8), 32, _int4_scales_and_zeros(s, x.dtype)).float()
-            ok["int4"] = bool(torch.allclose(out, x.float() @ dequantize_codes(c, s, spec, 128).t(), rtol=2e-2, atol=0.2))
-        except (AttributeError, RuntimeError, NotImplementedError): ok["int4"] = False
-        _CPU_KERNELS = ok
-    return _CPU_KERNELS
-
-# %% ../../nbs/23_quantize.ipynb #3770a2d5
-class QuantLinear(nn.Module):
-    """A linear layer holding quantized weights: codes (int8, int4 packed two per byte, float8) and scales.
-    `forward` = optional activation fake-quant, then dequantize and `F.linear` (the reference, any device);
-    on CPU, bf16/fp16 inputs of a few rows take PyTorch's packed weight-only kernels where they exist."""
-    use_kernel = True                       # class-wide switch for the CPU fast path
-    _quant_buffers = ("qweight", "scale", "tensor_scale")
-
-    def __init__(self, in_features: int, out_features: int, weights: str | None, activations: str | None = None,
-                 codes: torch.Tensor | None = None, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                 dtype=torch.float32, tensor_scale: torch.Tensor | None = None):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.spec, self.activations, self.compute_dtype = parse_weight_format(weights), activations, dtype
-        if activations is not None and activations not in ACT_FORMATS:
-            raise ValueError(f"activations: {activations!r} is not supported; valid: None, {', '.join(ACT_FORMATS)}")
-        if self.spec.kind == "int" and self.spec.bits == 4: codes = pack_int4(codes)   # [N, K_padded / 2] bytes
-        self.register_buffer("qweight", codes)
-        self.register_buffer("scale", scale if scale is not None else torch.ones(0))
-        self.register_buffer("tensor_scale", tensor_scale)     # NVFP4's second-level FP32 scale, else None
-        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
-        self._kernel_cache = None
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, weights: str | None, activations: str | None = None, weight: torch.Tensor | None = None):
-        "Quantize `linear` (or the replacement `weight` `[N, K]`, e.g. a smoothed one) with round-to-nearest."
-        w = (linear.weight if weight is None else weight).detach()
-        spec = parse_weight_format(weights)
-        codes, scale, ts = w.clone(), None, None
-        if spec.kind == "block": codes, scale, ts = _block_quantize(w, spec)
-        elif spec.kind != "none": codes, scale = quantize_weight(w, spec)
-        return cls(linear.in_features, linear.out_features, weights, activations, codes, scale, linear.bias, w.dtype, ts)
-
-    def dequantize(self) -> torch.Tensor:
-        "The weight this layer computes with, `[N, K]`, in float32."
-        if self.spec.kind == "none": return self.qweight.float()
-        if self.spec.kind == "block": return _block_dequantize(self)
-        codes = unpack_int4(self.qweight) if self.spec.bits == 4 and self.spec.kind == "int" else self.qweight
-        return dequantize_codes(codes, self.scale, self.spec, self.in_features)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        "Dequantized weight in the compute dtype (what code reading `.weight` expects; costs a dequantization)."
-        return self.dequantize().to(self.compute_dtype)
-
-    def forward(self, x):                    # [..., K] -> [..., N]
-        if x.is_cuda:                        # the Triton dequantize-fused matmuls of chapter 24, where one exists
-            from inferlab.quant.kernels import quant_matmul
-            out = quant_matmul(x, self)
-            if out is not None: return out
-        if self.activations is not None: x = quantize_activation(x, self.activations)
-        if self._kernel_applies(x): return self._kernel_forward(x)
-        return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-
-    def _kernel_applies(self, x) -> bool:
-        s = self.spec
-        if not (self.use_kernel and self.activations is None and s.kind == "int" and x.device.type == "cpu"
-                and x.dtype in (torch.bfloat16, torch.float16) and x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS): return False
-        if s.bits == 8: return s.granularity == "channel" and cpu_kernels()["int8"]
-        return s.granularity == "group" and s.group_size in (32, 64, 128, 256) and cpu_kernels()["int4"]
-
-    def _kernel_forward(self, x):
-        shape, s = x.shape, self.spec
-        x2 = x.reshape(-1, shape[-1])                                                  # [rows, K]
-        if s.bits == 8:
-            out = torch._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scale.to(x.dtype))
-        else:
-            if self._kernel_cache is None or self._kernel_cache[1].dtype != x.dtype:   # built once, same size as qweight
-                self._kernel_cache = (_int4_kernel_weight(unpack_int4(self.qweight) + 8), _int4_scales_and_zeros(self.scale, x.dtype))
-            Kp = self.qweight.shape[1] * 2
-            x2 = F.pad(x2, (0, Kp - shape[-1])).contiguous()                           # zero columns meet zero codes
-            out = torch._weight_int4pack_mm_for_cpu(x2, self._kernel_cache[0], s.group_size, self._kernel_cache[1])
-        if self.bias is not None: out = out + self.bias.to(out.dtype)
-        return out.reshape(*shape[:-1], self.out_features)
-
-    def _apply(self, fn, recurse=True):
-        "`.to(dtype)` must not cast codes and scales: move them across devices only, and remember the compute dtype."
-        kept = {k: self._buffers.pop(k) for k in self._quant_buffers if self._buffers.get(k) is not None}
-        super()._apply(fn, recurse)
-        probe = fn(torch.zeros((), dtype=self.compute_dtype, device=kept["qweight"].device))
-        for k, v in kept.items(): self._buffers[k] = v.to(probe.device)
-        if probe.is_floating_point(): self.compute_dtype = probe.dtype
-        self._kernel_cache = None
-        return self
-
-    def nbytes(self) -> int:
-        "Bytes of codes, scales and bias (what the format costs in memory)."
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scale, self.tensor_scale, self.bias) if t is not None)
-
-    def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, weights={self.spec.name}, "
-                f"activations={self.activations}, bias={self.bias is not None}")
-
-# %% ../../nbs/23_quantize.ipynb #58e625a1
-def _block():
-    try: from inferlab.quant import block_formats as block
-    except ImportError as e: raise ImportError("weights: MX/NVFP4 formats need inferlab.quant.block_formats (chapter 21)") from e
-    return block
-
-def _block_quantize(w: torch.Tensor, spec: WeightSpec):
-    "MX / NVFP4 (chapter 21): `(codes, block scales, tensor scale or None)`, blocks along the input dimension."
-    b = _block()
-    if spec.name == "nvfp4":
-        t = b.nvfp4_quantize(w.float())
-        return t.codes, t.scales_e4m3, t.tensor_scale.reshape(1)
-    t = b.mx_quantize(w.float(), spec.name)
-    return t.codes, t.scales_e8m0, None
-
-def _block_dequantize(m) -> torch.Tensor:
-    b, shape = _block(), (m.out_features, m.in_features)
-    if m.spec.name == "nvfp4": return b.nvfp4_dequantize(b.NVFP4Tensor(m.qweight, m.scale, m.tensor_scale.reshape(()), shape))
-    return b.mx_dequantize(b.MXTensor(m.qweight, m.scale, shape, b.MX_FORMATS[m.spec.name]))
 
 # %% ../../nbs/23_quantize.ipynb #7057f4f4
 def name_matches(name: str, pattern: str) -> bool:
@@ -331,6 +76,35 @@ def _set_module(model: nn.Module, name: str, new: nn.Module):
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
+# %% ../../nbs/23_quantize.ipynb #22aabaca
+@torch.no_grad()
+def quantize(model: nn.Module, recipe: QuantRecipe, calib_ids=None) -> nn.Module:
+    """Quantize `model` in place following `recipe`; returns it. `calib_ids` (token ids `[rows, seq]` or a 1-D
+    stream) are needed by SmoothQuant and GPTQ: text like what the model will see, but not the evaluation text."""
+    if not isinstance(recipe, QuantRecipe): raise ValueError(f"recipe: expected a QuantRecipe, got {type(recipe).__name__}")
+    if recipe.method != "rtn" and calib_ids is None:
+        raise ValueError(f"calib_ids: method {recipe.method!r} needs calibration token ids")
+    targets = quant_targets(model, recipe.skip)
+    if recipe.weights is not None or recipe.activations is not None:
+        if recipe.method == "smoothquant": smooth_model(model, calib_ids, recipe.smooth_alpha, targets)
+        if recipe.method == "gptq": gptq_model(model, targets, recipe, calib_ids)
+        else:
+            for name in targets:
+                _set_module(model, name, QuantLinear.from_linear(model.get_submodule(name), recipe.weights, recipe.activations))
+    model.quant_recipe = recipe          # recipe.kv_cache: the engine's kv_cache_dtype
+    return model
+
+def weight_memory_bytes(model: nn.Module) -> int:
+    "Bytes of all parameters and buffers (tied tensors once); quantized layers count their codes and scales."
+    seen, total = set(), 0
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            total += m.nbytes(); seen.update(id(t) for t in (m.qweight, m.scale, m.tensor_scale, m.bias))
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen: seen.add(id(t)); total += t.numel() * t.element_size()
+    return total
+
+# %% ../../nbs/23_quantize.ipynb #580a1492
 def _device(model) -> torch.device: return model.model.embed_tokens.weight.device
 
 def _calib_batches(calib_ids, seq_len: int = 512, batch: int = 4) -> list[torch.Tensor]:
@@ -370,34 +144,6 @@ def input_amax(model, modules: dict, calib_ids, stop_after=None) -> dict:
     finally:
         for h in hooks: h.remove()
     return amax
-
-# %% ../../nbs/23_quantize.ipynb #22aabaca
-@torch.no_grad()
-def quantize(model: nn.Module, recipe: QuantRecipe, calib_ids=None) -> nn.Module:
-    """Quantize `model` in place following `recipe`; returns it. `calib_ids` (token ids `[rows, seq]` or a 1-D
-    stream) are needed by SmoothQuant and GPTQ: text like what the model will see, but not the evaluation text."""
-    if not isinstance(recipe, QuantRecipe): raise ValueError(f"recipe: expected a QuantRecipe, got {type(recipe).__name__}")
-    if recipe.method != "rtn" and calib_ids is None:
-        raise ValueError(f"calib_ids: method {recipe.method!r} needs calibration token ids")
-    targets = quant_targets(model, recipe.skip)
-    if recipe.weights is not None or recipe.activations is not None:
-        if recipe.method == "smoothquant": smooth_model(model, calib_ids, recipe.smooth_alpha, targets)
-        if recipe.method == "gptq": gptq_model(model, targets, recipe, calib_ids)
-        else:
-            for name in targets:
-                _set_module(model, name, QuantLinear.from_linear(model.get_submodule(name), recipe.weights, recipe.activations))
-    model.quant_recipe = recipe          # the engine reads kv_cache from here
-    return model
-
-def weight_memory_bytes(model: nn.Module) -> int:
-    "Bytes of all parameters and buffers (tied tensors once); quantized layers count their codes and scales."
-    seen, total = set(), 0
-    for m in model.modules():
-        if isinstance(m, QuantLinear):
-            total += m.nbytes(); seen.update(id(t) for t in (m.qweight, m.scale, m.tensor_scale, m.bias))
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in seen: seen.add(id(t)); total += t.numel() * t.element_size()
-    return total
 
 # %% ../../nbs/23_quantize.ipynb #c8f40677
 def smooth_scales(x_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float = 0.5) -> torch.Tensor:
@@ -485,6 +231,7 @@ def gptq_quantize_weight(w: torch.Tensor, H: torch.Tensor, spec: WeightSpec, dam
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]                       # and, lazily, on every later block
     return codes, scale
 
+# %% ../../nbs/23_quantize.ipynb #962f0dbe
 def _hessians(mods: dict, run) -> tuple[dict, dict]:
     "`X^T X` `[K, K]` and token count of the inputs each module in `mods` sees while `run()` executes."
     H, count, hooks = {}, {}, []

@@ -11,23 +11,17 @@ import pytest
 import torch
 triton = pytest.importorskip("triton")
 from inferlab.model.layers import attention_mask, sdpa_reference
-from inferlab.engine.paged_attention import (make_paged_batch, store_kv, store_kv_reference, store_kv_triton,
-    paged_prefill, paged_prefill_reference, paged_prefill_triton, paged_decode, paged_decode_reference,
-    paged_decode_triton, slots_from_block_table, interpreter_ready)
+from inferlab.engine.paged_attention import (TorchAttention, store_kv_reference, paged_prefill_reference,
+    paged_decode_reference, slots_from_block_table)
+from inferlab.engine.triton_attention import (TritonAttention, attention_backend, store_kv_triton, paged_prefill_triton,
+    paged_decode_triton, interpreter_ready)
+from inferlab.testing import make_paged_batch, dense_prefill as dense_attention
 
 needs_interpreter = pytest.mark.skipif(not interpreter_ready(), reason="triton was imported before TRITON_INTERPRET=1")
 
 TOL = 1e-3   # float32, kernel vs reference
 
 
-def dense_attention(pb, scale, window=None):
-    "Each sequence's queries against its contiguous keys/values, by the model chapter's dense attention."
-    outs = []
-    for i, (k, v) in enumerate(zip(pb.k_dense, pb.v_dense)):
-        s, e, L = int(pb.cu_seqlens_q[i]), int(pb.cu_seqlens_q[i + 1]), k.shape[0]
-        mask = attention_mask(torch.arange(L - (e - s), L), torch.arange(L), window)
-        outs.append(sdpa_reference(pb.q[None, s:e].float(), k[None].float(), v[None].float(), mask, scale)[0])
-    return torch.cat(outs)
 
 
 def prefill_args(pb, scale): return (pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.cu_seqlens_q, pb.seq_lens, scale)
@@ -70,18 +64,21 @@ def test_references_notice_a_wrong_block_table():
     assert (bad - ok[-1:]).abs().max() > 1e-2
 
 
-def test_reference_dtypes_and_dispatch_on_cpu():
+def test_reference_dtypes_and_backend_choice_on_cpu():
+    be = attention_backend("cpu")                                     # chosen once; CPU: the torch reference
+    assert type(be) is TorchAttention and type(attention_backend("cpu", "triton")) is TritonAttention
+    with pytest.raises(ValueError, match="attention_backend"): attention_backend("cpu", "flash")
     pb = make_paged_batch([5, 20], q_lens=[5, 3], num_q_heads=4, num_kv_heads=2, block_size=16, dtype=torch.bfloat16)
-    out = paged_prefill(*prefill_args(pb, 0.2))                       # CPU tensors: the reference
+    out = be.prefill(*prefill_args(pb, 0.2))
     assert out.dtype == torch.bfloat16 and torch.equal(out, paged_prefill_reference(*prefill_args(pb, 0.2)))
     assert (out.float() - dense_attention(pb, 0.2)).abs().max() < 2e-2
-    assert torch.equal(paged_decode(*decode_args(pb, 0.2)), paged_decode_reference(*decode_args(pb, 0.2)))
+    assert torch.equal(be.decode(*decode_args(pb, 0.2)), paged_decode_reference(*decode_args(pb, 0.2)))
 
 
 def test_store_kv_reference_skips_minus_one():
     kc, vc = torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8)
     k, v = torch.randn(4, 2, 8), torch.randn(4, 2, 8)
-    store_kv(k, v, kc, vc, torch.tensor([11, -1, 0, 5]))
+    TorchAttention().store_kv(k, v, kc, vc, torch.tensor([11, -1, 0, 5]))
     assert torch.equal(kc.view(-1, 2, 8)[[11, 0, 5]], k[[0, 2, 3]]) and torch.equal(vc.view(-1, 2, 8)[5], v[3])
     assert kc.count_nonzero() == 3 * 16
 
@@ -199,7 +196,8 @@ def test_gpu_check_without_cuda(capsys):
 
 def test_decode_reference_grouping_matches_one_group():
     "decode_plan's length groups (at most 2x padding) give the same attention as one padded group."
-    from inferlab.engine.paged_attention import make_paged_batch, paged_decode_reference, decode_plan
+    from inferlab.engine.paged_attention import paged_decode_reference, decode_plan
+    from inferlab.testing import make_paged_batch
     b = make_paged_batch([3, 700, 70, 16, 250, 1, 33], num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16)
     q = b.q[b.cu_seqlens_q[1:].long() - 1]                                    # the last query of each sequence
     grouped = decode_plan(b.block_tables, b.seq_lens, 16)

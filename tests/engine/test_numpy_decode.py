@@ -5,7 +5,7 @@ import pytest
 import torch
 from inferlab.model.config import ModelConfig, shipped_model_path
 from inferlab.model.model import load_model
-from inferlab.frontier.bench import random_model
+from inferlab.testing import random_model
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.llm import engine_for
@@ -24,7 +24,6 @@ def decode_step_both_ways(eng):
     for t, s in zip(cache.k + cache.v, saved): t.copy_(s)
     h_np = eng.runner.numpy_decoder(ids, pos, meta)
     kv_err = max((a - b).abs().max().item() for a, b in zip(kv_torch, cache.k + cache.v))
-    eng.runner.restore_threads()                  # the engine is left mid-request: give torch its threads back
     return h_torch, h_np, kv_err
 
 def engine_in_decode(model, prompts, **cfg):
@@ -49,7 +48,7 @@ def test_qk_norm_bias_windows_match_torch_path():
                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                       attention_bias=True, qk_norm=True, layer_windows=[None, 6, 9], max_position_embeddings=256)
     model = random_model(cfg, seed=3)
-    for m in model.modules():            # random_model leaves norm weights at 1 and biases at N(0, 0.02): spread them
+    for m in model.modules():            # random_model (init_weights) leaves norm weights and biases at 1: spread them
         if hasattr(m, "bias") and m.bias is not None: m.bias.data.normal_(0, 0.5)
     for name, p in model.named_parameters():
         if "norm" in name: p.data.uniform_(0.5, 1.5)

@@ -6,7 +6,8 @@ from inferlab.fleet.des import erlang_c, erlang_c_wait, md1_sojourn
 from inferlab.fleet.traffic import make_workload, compare_to_azure, Workload
 from inferlab.fleet.replica import ReplicaSpec, StepTimeModel, replica_from_roofline, fit_step_time
 from inferlab.fleet.autoscale import TrafficBased, KPA, HPA, RayServe, MetricWindow, initial_state
-from inferlab.fleet.sim import (simulate, queueing_check, FleetSimulator, Cluster, Pool, Outage, REJECT_REASONS)
+from inferlab.fleet.sim import simulate, queueing_check, FleetSimulator, Cluster, Pool, Outage
+from inferlab.fleet.results import REJECT_REASONS
 from inferlab.fleet.multicloud import default_clusters, regional_workload, siloed, unified, compare
 from inferlab.fleet.cli import main
 

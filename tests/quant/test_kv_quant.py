@@ -58,7 +58,8 @@ def _quantized_pool(pb, dtype=torch.float8_e4m3fn):
 
 def test_fresh_tokens_attend_in_full_precision():
     "With a quantized cache, a step's own tokens use their full-precision keys/values; earlier ones the codes."
-    from inferlab.engine.paged_attention import (make_paged_batch, paged_prefill_reference, paged_decode_reference)
+    from inferlab.engine.paged_attention import paged_prefill_reference, paged_decode_reference
+    from inferlab.testing import make_paged_batch
     from inferlab.model.layers import attention_mask, sdpa_reference
     pb = make_paged_batch([20, 37, 3], q_lens=[5, 37, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, seed=3)
     kc, vc, ks, vs, deq = _quantized_pool(pb)
@@ -115,7 +116,7 @@ def test_bad_quantization_settings():
 def test_engine_with_quantized_weights(model, prompts, q):
     base, _ = run(model, prompts[:8])
     out, eng = run(model, prompts[:8], quantization=q)
-    from inferlab.quant.quantize import QuantLinear
+    from inferlab.quant.linear import QuantLinear
     n_quant = sum(isinstance(m, QuantLinear) for m in eng.model.modules())
     agree = sum(a == b for o, r in zip(out, base) for a, b in zip(o, r)) / sum(len(r) for r in base)
     print(f"\n{q}: {n_quant} quantized linear layers, greedy agreement with float32 {agree:.0%}")

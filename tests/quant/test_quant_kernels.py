@@ -1,5 +1,5 @@
 """Quantized-matmul kernels (chapter 24) against their torch references, and the references against `QuantLinear`
-(chapter 23's storage formats), so that every kernel is tied to the real format.
+(chapter 22a's storage formats), so that every kernel is tied to the real format.
 
 The Triton kernels run in Triton's interpreter on CPU tensors, which must be switched on before triton is first
 imported; hence the environment variable before any other import. Shapes are tiny (M <= 16, N <= 64, K <= 256): the
@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.nn as nn
 triton = pytest.importorskip("triton")
-from inferlab.engine.paged_attention import interpreter_ready
+from inferlab.engine.triton_attention import interpreter_ready
 from inferlab.quant.block_formats import NVFP4Tensor, nvfp4_dequantize
-from inferlab.quant.quantize import QuantLinear, cpu_kernels
-from inferlab.quant.kernels import (GPUSpec, bits_per_weight, decode_tokens_per_s, ridge_batch, linear_time_s,
+from inferlab.quant.linear import QuantLinear, cpu_kernels, cpu_packed_applies, cpu_packed_matmul, quantize_activation
+from inferlab.model.hardware import GPUSpec
+from inferlab.quant.kernels import (bits_per_weight, decode_tokens_per_s, ridge_batch, linear_time_s,
     quantize_per_token, int8_matmul_int32, w4a16_matmul_reference, w4a16_matmul_triton, w8a8_matmul_reference,
     w8a8_matmul_triton, w8a16_matmul_reference, w8a16_matmul_triton, fp8_matmul_reference, fp8_matmul_triton,
-    nvfp4_matmul_reference, nvfp4_matmul_triton, quant_matmul, quant_matmul_kind)
+    nvfp4_matmul_reference, nvfp4_matmul_triton, quant_matmul, quant_matmul_kind, use_gpu_kernels)
 
 needs_interpreter = pytest.mark.skipif(not interpreter_ready(), reason="triton was imported before TRITON_INTERPRET=1")
 
@@ -82,14 +83,13 @@ def test_reference_vs_cpu_packed_kernels(weights):
     "QuantLinear on CPU takes PyTorch's packed weight-only kernels for bf16 decode rows; they agree with the reference."
     q = layer(weights, 64, 256)
     x = inputs(1, 256, dtype=torch.bfloat16)
-    if not q._kernel_applies(x): pytest.skip(f"no PyTorch CPU kernel for {weights} here: {cpu_kernels()}")
+    if not cpu_packed_applies(x, q): pytest.skip(f"no PyTorch CPU kernel for {weights} here: {cpu_kernels()}")
     assert rel_err(q(x), reference(q, x)) < 2e-2          # two bf16 computations (1 bf16 ulp = 0.4%)
 
 
 def test_per_token_quantization_and_exact_int_matmul():
     x = inputs(5, 200)
     xq, xs = quantize_per_token(x)
-    from inferlab.quant.quantize import quantize_activation
     assert xq.dtype == torch.int8 and xs.shape == (5,)
     assert torch.equal(xq.float() * xs[:, None], quantize_activation(x, "int8"))
     g = torch.Generator().manual_seed(0)
@@ -186,6 +186,19 @@ def test_quant_matmul_equals_quantlinear(weights, act):
     out = quant_matmul(x, q, allow_interpreter=True)
     assert out.shape == (2, 3, 48) and rel_err(out, q(x)) < TOL
     assert quant_matmul(x, q) is None                        # CPU tensors: the caller runs QuantLinear's own path
+
+
+@needs_interpreter
+def test_use_gpu_kernels_sets_each_layer_explicitly():
+    m = nn.Sequential(layer("int4-g64", 130, 130, bias=True), layer("mxfp4", 48, 130))
+    x = inputs(6, 130).view(2, 3, 130)
+    own = m(x)                                               # each layer's own path (the reference: float32 input)
+    assert use_gpu_kernels(m) == 0 and all(l.kernel is cpu_packed_matmul for l in m)   # CPU layers: untouched
+    assert use_gpu_kernels(m, allow_interpreter=True) == 1   # MXFP4 has no kernel: it keeps its own path
+    assert m[1].kernel is cpu_packed_matmul and m[0].kernel.func is quant_matmul
+    assert rel_err(m(x), own) < TOL
+    other = layer("int4-g64", 130, 130, bias=True)
+    assert other.kernel is cpu_packed_matmul                 # nothing process-wide changed
 
 
 def test_quant_matmul_kinds_and_fallbacks():
