@@ -154,33 +154,19 @@ class KMajorLinear(nn.Module):
         else: y = x @ self.weight_t
         return y if self.bias is None else y + self.bias
 
-def _fused(linears: list[nn.Linear], k_major: bool) -> nn.Module:
-    w = torch.cat([l.weight.detach() for l in linears])
-    b = None if linears[0].bias is None else torch.cat([l.bias.detach() for l in linears])
-    if k_major: return KMajorLinear(w, b)
-    out = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
-    out.weight = nn.Parameter(w, requires_grad=False)
-    if b is not None: out.bias = nn.Parameter(b, requires_grad=False)
-    return out
-
 def pack_model(model, k_major: bool | None = None):
-    "A copy of `model` with fused q/k/v and gate/up projections (and K-major weights on CPU); `model` is unchanged."
+    """A copy of `model` (new modules, the same tensors: nothing is copied) whose linear layers store their weights
+    K-major on CPU (`KMajorLinear`); `model` is unchanged. The fused q/k/v and gate/up come from the model itself
+    (chapter 02); quantized layers are left as they are."""
     k_major = model.device.type == "cpu" if k_major is None else k_major
     shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    packed = copy.deepcopy(model, memo=shared)           # new modules, same tensors: nothing is copied yet
-    plain = lambda *ms: all(type(m) is nn.Linear for m in ms)   # quantized layers are left as they are
-    for mod in list(packed.modules()):
-        if isinstance(mod, Attention) and plain(mod.q_proj, mod.k_proj, mod.v_proj):
-            mod.qkv_proj = _fused([mod.q_proj, mod.k_proj, mod.v_proj], k_major)
-            del mod.q_proj, mod.k_proj, mod.v_proj
-        elif isinstance(mod, MLP) and plain(mod.gate_proj, mod.up_proj):
-            mod.gate_up_proj = _fused([mod.gate_proj, mod.up_proj], k_major)
-            del mod.gate_proj, mod.up_proj
+    packed = copy.deepcopy(model, memo=shared)
     if k_major:
         for mod in list(packed.modules()):
             for name, child in list(mod.named_children()):
-                if type(child) is nn.Linear: setattr(mod, name, KMajorLinear(child.weight, child.bias))
+                if isinstance(child, nn.Linear): setattr(mod, name, KMajorLinear(child.weight, child.bias))
     return packed
+
 
 # %% ../../nbs/15_model_runner.ipynb #6fc33fc8
 def _np_rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -223,9 +209,9 @@ class NumpyDecoder:
         k_major = lambda m: isinstance(m, KMajorLinear) and m.weight_np is not None and m.weight_np.dtype == np.float32
         for i, layer in enumerate(model.model.layers):
             a, mlp = layer.self_attn, layer.mlp
-            if not (k_major(getattr(a, "qkv_proj", None)) and k_major(a.o_proj)):
+            if not (k_major(a.qkv_proj) and k_major(a.o_proj)):
                 return f"layer {i}: attention projections are not packed K-major float32 (pack_model, unquantized)"
-            if not (isinstance(mlp, MLP) and k_major(getattr(mlp, "gate_up_proj", None)) and k_major(mlp.down_proj)):
+            if not (isinstance(mlp, MLP) and k_major(mlp.gate_up_proj) and k_major(mlp.down_proj)):
                 return f"layer {i}: the MLP is MoE, quantized or not packed"
         return None
 

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['NO_CACHE', 'RMSNorm', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'attention_mask', 'sdpa_reference', 'NoCache',
-           'Attention', 'MLP']
+__all__ = ['NO_CACHE', 'RMSNorm', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'MergedLinear', 'attention_mask',
+           'sdpa_reference', 'NoCache', 'Attention', 'MLP']
 
 # %% ../../nbs/02_layers.ipynb #94d7465c
 class RMSNorm(nn.Module):
@@ -61,6 +61,27 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
+# %% ../../nbs/02_layers.ipynb #c750f0af
+class MergedLinear(nn.Linear):
+    "`nn.Linear` over stacked output shards (`output_sizes` rows each): q/k/v or gate/up as one matmul."
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
+        super().__init__(in_features, sum(output_sizes), bias=bias)
+        self.output_sizes = list(output_sizes)
+
+    def shard_rows(self, shard: int) -> slice:
+        "The rows of shard `shard` (0: q or gate, 1: k or up, 2: v) in the fused weight and bias."
+        start = sum(self.output_sizes[:shard])
+        return slice(start, start + self.output_sizes[shard])
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard: int):
+        "Write one checkpoint shard (`[rows, in]` weight or `[rows]` bias) into its rows of `param`, in place."
+        rows = self.shard_rows(shard)
+        want = (rows.stop - rows.start, *param.shape[1:])
+        if tuple(loaded.shape) != want:
+            raise ValueError(f"shard {shard}: shape {list(loaded.shape)} does not fit rows {rows.start}:{rows.stop} "
+                             f"of {list(param.shape)} (expected {list(want)})")
+        with torch.no_grad(): param[rows].copy_(loaded)
+
 # %% ../../nbs/02_layers.ipynb #0754fc78
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
     "Boolean mask `[q, k]`: True where query at `q_pos` may attend to key at `k_pos`."
@@ -96,9 +117,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.scale = self.head_dim ** -0.5
         d, b = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=b)
-        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=b)
-        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=b)
+        self.qkv_proj = MergedLinear(d, [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], bias=b)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
         if cfg.qk_norm:
             self.q_norm, self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps), RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -108,15 +127,11 @@ class Attention(nn.Module):
         "Projected, normalised and rotated q `[b, t, hq, d]`, k and v `[b, t, hkv, d]`."
         b, t, _ = x.shape
         hq, hkv = self.n_heads, self.n_kv
-        if hasattr(self, "qkv_proj"):   # the engine's packed form: one matmul for q, k and v (chapter 15)
-            y = self.qkv_proj(x).view(b, t, hq + 2 * hkv, self.head_dim)
-            if self.q_norm is None:     # rotate the q and k heads in one go
-                qk = apply_rope(y[:, :, :hq + hkv], cos, sin)
-                return qk[:, :, :hq], qk[:, :, hq:], y[:, :, hq + hkv:]
-            q, k, v = y.split([hq, hkv, hkv], dim=2)
-        else:
-            q = self.q_proj(x).view(b, t, hq, self.head_dim)
-            k, v = self.k_proj(x).view(b, t, hkv, self.head_dim), self.v_proj(x).view(b, t, hkv, self.head_dim)
+        y = self.qkv_proj(x).view(b, t, hq + 2 * hkv, self.head_dim)   # one matmul for q, k and v
+        if self.q_norm is None:     # rotate the q and k heads in one go
+            qk = apply_rope(y[:, :, :hq + hkv], cos, sin)
+            return qk[:, :, :hq], qk[:, :, hq:], y[:, :, hq + hkv:]
+        q, k, v = y.split([hq, hkv, hkv], dim=2)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)   # Qwen3: per-head norm before RoPE
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -131,12 +146,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])   # gate and up in one matmul
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x):  # [..., hidden]
-        if hasattr(self, "gate_up_proj"):   # the engine's packed form: gate and up in one matmul (chapter 15)
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -18,8 +18,9 @@ from .layers import RMSNorm, Attention, MLP, rope_inv_freq, rope_cos_sin
 from .moe import MoEBlock
 
 # %% auto #0
-__all__ = ['FLOAT_DTYPES', 'DecoderLayer', 'DecoderModel', 'CausalLM', 'hf_to_ours', 'ours_to_hf', 'expected_shapes',
-           'load_state_dict', 'load_model', 'config_to_hf', 'save_model']
+__all__ = ['PACKED_MODULES', 'FLOAT_DTYPES', 'DecoderLayer', 'DecoderModel', 'CausalLM', 'hf_to_ours', 'ours_to_hf',
+           'packed_target', 'checkpoint_tensors', 'expected_shapes', 'load_state_dict', 'materialize', 'load_weights',
+           'load_model', 'config_to_hf', 'save_model']
 
 # %% ../../nbs/04_model.ipynb #2546e28b
 class DecoderLayer(nn.Module):
@@ -94,10 +95,34 @@ def ours_to_hf(name: str, cfg: ModelConfig) -> str:
         for a, b in _MIXTRAL_TO_OURS: name = name.replace(b, a)
     return name
 
+PACKED_MODULES = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}   # checkpoint -> (ours, shard)
+_UNPACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+def packed_target(name: str) -> tuple[str, int | None]:
+    "A checkpoint tensor (our spelling) → the parameter it fills and its shard (None: the whole parameter)."
+    mod, _, leaf = name.rpartition(".")
+    parent, _, last = mod.rpartition(".")
+    if last not in PACKED_MODULES: return name, None
+    fused, shard = PACKED_MODULES[last]
+    return f"{parent}.{fused}.{leaf}", shard
+
+def checkpoint_tensors(model: nn.Module) -> dict:
+    "Checkpoint name (our spelling) → tensor, every fused parameter split into its shards (views, no copy)."
+    out = {}
+    for name, t in model.state_dict().items():
+        mod, _, leaf = name.rpartition(".")
+        parent, _, last = mod.rpartition(".")
+        if last in _UNPACKED:
+            m = model.get_submodule(mod)
+            for s, part in enumerate(_UNPACKED[last]): out[f"{parent}.{part}.{leaf}"] = t[m.shard_rows(s)]
+        else: out[name] = t
+    return out
+
 def expected_shapes(cfg: ModelConfig) -> dict:
     "Checkpoint tensor name → shape that `config.json` implies (built on the meta device: no memory)."
     with torch.device("meta"): m = CausalLM(cfg)
-    sd = m.state_dict()
+    sd = checkpoint_tensors(m)
     if cfg.tie_word_embeddings: sd.pop("lm_head.weight")
     return {ours_to_hf(k, cfg): tuple(v.shape) for k, v in sd.items()}
 
@@ -164,6 +189,27 @@ def load_state_dict(path, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     if extra: raise ValueError(f"{files[extra[0]]}: unexpected tensor {extra[0]!r} for {cfg.architecture} as configured")
     return sd
 
+def materialize(model: nn.Module, dtype: torch.dtype, device) -> nn.Module:
+    "Give a meta-device model uninitialised storage of `dtype` on `device`; a tied parameter stays one tensor."
+    new = {}
+    for mod in model.modules():
+        for k, p in list(mod._parameters.items()):
+            if p is None: continue
+            if id(p) not in new: new[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
+            mod._parameters[k] = new[id(p)]
+    return model
+
+def load_weights(model: nn.Module, weights: dict):
+    """Fill the parameters from checkpoint tensors (our names): a whole parameter is copied, a shard of a fused one
+    goes through its module's `weight_loader` (the hook tensor parallelism will use to keep a rank's rows)."""
+    params = dict(model.named_parameters())
+    for name, t in weights.items():
+        target, shard = packed_target(name)
+        if target not in params: continue                 # lm_head.weight of a tied checkpoint: the embedding is it
+        if shard is None:
+            with torch.no_grad(): params[target].copy_(t)
+        else: model.get_submodule(target.rpartition(".")[0]).weight_loader(params[target], t, shard)
+
 def load_model(path=None, dtype=None, device=None) -> CausalLM:
     "Load a HF-layout checkpoint directory (default: the shipped `tiny-dense`) for inference."
     path = resolve_model_path(path)
@@ -172,8 +218,8 @@ def load_model(path=None, dtype=None, device=None) -> CausalLM:
     dtype = resolve_dtype(dtype, device, cfg)
     sd = load_state_dict(path, cfg, dtype, device)
     with torch.device("meta"): model = CausalLM(cfg)
-    model.load_state_dict(sd, strict=False, assign=True)
-    if cfg.tie_word_embeddings: model.lm_head.weight = model.model.embed_tokens.weight
+    materialize(model, dtype, device)
+    load_weights(model, sd)
     model.source = str(path)
     return model.eval().requires_grad_(False)
 
@@ -201,7 +247,7 @@ def save_model(model: CausalLM, path, dtype: str | None = None):
     cfg = model.config
     if dtype: cfg = ModelConfig(**{**cfg.__dict__, "torch_dtype": dtype})
     sd = {ours_to_hf(k, cfg): v.detach().to(getattr(torch, cfg.torch_dtype)).contiguous().cpu()
-          for k, v in model.state_dict().items()}
+          for k, v in checkpoint_tensors(model).items()}
     if cfg.tie_word_embeddings: sd.pop("lm_head.weight")
     save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n")

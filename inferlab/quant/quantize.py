@@ -155,17 +155,17 @@ def _mlps(mlp) -> list[MLP]: return list(mlp.experts) if isinstance(mlp, MoEBloc
 
 def _mlp_readers(mlp) -> list[nn.Linear]:
     "The linear layers that read the MLP block's input (router included: it reads the same normed hidden state)."
-    return ([mlp.gate] if isinstance(mlp, MoEBlock) else []) + [l for e in _mlps(mlp) for l in (e.gate_proj, e.up_proj)]
+    return ([mlp.gate] if isinstance(mlp, MoEBlock) else []) + [l for e in _mlps(mlp) for l in (e.gate_up_proj,)]
 
 @torch.no_grad()
 def smooth_model(model, calib_ids, alpha: float = 0.5, targets: list[str] | None = None) -> dict:
     """Divide each quantized linear's input channels by s and multiply its weight columns by s, folding 1/s into
-    what produced the input: the RMSNorm weight (q/k/v, gate/up), up_proj's rows (down_proj), v_proj's rows (o_proj).
+    what produced the input: the RMSNorm weight (q/k/v, gate/up), the up rows of gate_up_proj (down_proj), the v rows of qkv_proj (o_proj).
     Exact in real arithmetic; returns the scales by module name."""
     names = set(targets if targets is not None else quant_targets(model))
     watch = {}
     for i, layer in enumerate(model.model.layers):
-        watch[f"{i}.attn"], watch[f"{i}.o"], watch[f"{i}.mlp"] = layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp
+        watch[f"{i}.attn"], watch[f"{i}.o"], watch[f"{i}.mlp"] = layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp
         for j, e in enumerate(_mlps(layer.mlp)): watch[f"{i}.down.{j}"] = e.down_proj
     amax = input_amax(model, watch, calib_ids)
     name_of = {m: n for n, m in model.named_modules()}
@@ -179,20 +179,20 @@ def smooth_model(model, calib_ids, alpha: float = 0.5, targets: list[str] | None
         scales[name_of[readers[0]]] = s
     for i, layer in enumerate(model.model.layers):
         a = layer.self_attn
-        fold_norm(layer.input_layernorm, [a.q_proj, a.k_proj, a.v_proj], f"{i}.attn")
+        fold_norm(layer.input_layernorm, [a.qkv_proj], f"{i}.attn")
         fold_norm(layer.post_attention_layernorm, _mlp_readers(layer.mlp), f"{i}.mlp")
         for j, e in enumerate(_mlps(layer.mlp)):                                  # h = silu(gate) * up: scale up's rows
             if f"{i}.down.{j}" not in amax or not quantized([e.down_proj]): continue
             s = smooth_scales(amax[f"{i}.down.{j}"], [e.down_proj.weight], alpha)
-            e.up_proj.weight.div_(s[:, None]); e.down_proj.weight.mul_(s)
+            e.gate_up_proj.weight[e.gate_up_proj.shard_rows(1)].div_(s[:, None]); e.down_proj.weight.mul_(s)
             scales[name_of[e.down_proj]] = s
         if f"{i}.o" in amax and quantized([a.o_proj]):                           # o reads attention outputs, linear in v
             group, dh = a.n_heads // a.n_kv, a.head_dim
             x = amax[f"{i}.o"].view(a.n_kv, group, dh).amax(1).reshape(-1)            # [n_kv * dh]: shared by a head group
             w = a.o_proj.weight.view(-1, a.n_kv, group, dh).abs().amax(2).reshape(-1, a.n_kv * dh)
             s = smooth_scales(x, [w], alpha)                                             # one s per v channel
-            a.v_proj.weight.div_(s[:, None])
-            if a.v_proj.bias is not None: a.v_proj.bias.div_(s)
+            a.qkv_proj.weight[a.qkv_proj.shard_rows(2)].div_(s[:, None])
+            if a.qkv_proj.bias is not None: a.qkv_proj.bias[a.qkv_proj.shard_rows(2)].div_(s)
             a.o_proj.weight.mul_(s.view(a.n_kv, 1, dh).expand(a.n_kv, group, dh).reshape(-1))
             scales[name_of[a.o_proj]] = s
     return scales
