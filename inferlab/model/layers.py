@@ -61,7 +61,7 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
-# %% ../../nbs/02_layers.ipynb #c750f0af
+# %% ../../nbs/02_layers.ipynb #53fd08fa
 class MergedLinear(nn.Linear):
     "`nn.Linear` over stacked output shards (`output_sizes` rows each): q/k/v or gate/up as one matmul."
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
