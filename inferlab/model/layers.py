@@ -103,7 +103,6 @@ class NoCache:
     window, scale)` → `[b, t, hq, d]`, the step's queries against the step's own keys (a full forward pass)."""
     def attend(self, layer: int, q, k, v, positions, window: int | None, scale: float):
         return sdpa_reference(q, k, v, attention_mask(positions, positions, window), scale)
-    def advance(self, n: int): pass
 
 NO_CACHE = NoCache()
 

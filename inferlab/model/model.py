@@ -205,7 +205,7 @@ def load_weights(model: nn.Module, weights: dict):
     params = dict(model.named_parameters())
     for name, t in weights.items():
         target, shard = packed_target(name)
-        if target not in params: continue                 # lm_head.weight of a tied checkpoint: the embedding is it
+        if target not in params: raise ValueError(f"{name}: no parameter {target!r} in this model to load it into")
         if shard is None:
             with torch.no_grad(): params[target].copy_(t)
         else: model.get_submodule(target.rpartition(".")[0]).weight_loader(params[target], t, shard)
