@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #783bcd97
 from __future__ import annotations
-import argparse, sys, time
+import argparse, json, sys, time
 import inferlab
 
 # %% auto #0
@@ -22,8 +22,12 @@ def _generate(args) -> int:
     params = SamplingParams(temperature=pick(args.temperature, "temperature", 0.8), top_p=pick(args.top_p, "top_p", 0.95),
                             top_k=pick(args.top_k, "top_k", -1), seed=args.seed, max_tokens=args.max_tokens,
                             stop=args.stop or [])
+    spec = None
+    if args.speculative_config is not None:
+        try: spec = json.loads(args.speculative_config)
+        except json.JSONDecodeError as e: raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
     t0 = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec)
     load_s, t1 = time.perf_counter() - t0, time.perf_counter()
     outs = llm.generate(args.prompt, params)
     wall = time.perf_counter() - t1
@@ -38,7 +42,10 @@ def _generate(args) -> int:
               f"load {load_s:.2f} s; TTFT p50 {ttft[len(ttft) // 2] * 1e3:.1f} ms (queueing included); finish {ok[0].finish_reason if len(ok) == 1 else 'see above'}; "
               f"prefix cache: {st['prefix_hit_tokens']} of {st['prefix_query_tokens']} "
               f"prompt tokens reused ({100 * st['prefix_hit_rate']:.0f}%) by {sum(o.metrics.num_cached_tokens > 0 for o in ok)} request(s); "
-              f"{st['steps']} engine steps, {st['preemptions']} preemptions]", file=sys.stderr)
+              f"{st['steps']} engine steps, {st['preemptions']} preemptions"
+              + (f"; speculation {st['method']}: {st['num_accepted_tokens']} of {st['num_draft_tokens']} drafts accepted "
+                 f"({100 * st['acceptance_rate']:.0f}%), {st['mean_accepted_length']:.2f} tokens per verification"
+                 if "method" in st else "") + "]", file=sys.stderr)
     return 0 if all(o.error is None for o in outs) else 2
 
 # %% ../nbs/08_cli.ipynb #5c3501e9
@@ -59,12 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together (default 64)")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        "(methods: ngram, draft_model, medusa)")
     g.add_argument("--quiet", action="store_true", help="print only the text")
     g.set_defaults(func=_generate)
     # `simulate` owns its options (chapter 66); main() hands it the rest of the command line untouched.
     sub.add_parser("simulate", add_help=False, help="simulate an autoscaled serving fleet (chapters 6x); "
                    "`inferlab simulate --help` lists its options")
-    sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 18)")
+    sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 70); speculation (chapter 73)")
     sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 19; "
                    "`make bench-vllm` sets up vLLM's environment)")
     return p
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from inferlab.fleet.cli import main as simulate_main
         return simulate_main(argv[1:])
     if argv[:1] == ["bench"]:
-        from inferlab.frontier.bench import main as bench_main
+        from inferlab.frontier.spec_bench import main as bench_main   # chapter 70's rows, then speculation's (73)
         return bench_main(argv[1:])
     if argv[:1] == ["bench-vllm"]:
         from inferlab.frontier.vs_vllm import main as vs_vllm_main

@@ -15,6 +15,7 @@ from .engine.model_runner import pack_model
 from .quant.linear import QuantLinear
 from .quant.quantize import QuantRecipe, quantize
 from .quant.kernels import use_gpu_kernels
+from .spec.spec_engine import SpeculativeEngine, SpeculativeConfig
 
 # %% auto #0
 __all__ = ['QUANTIZATION_RECIPES', 'engine_for', 'build_engine', 'as_prompt_list', 'LLM']
@@ -28,22 +29,29 @@ def _check_quantization(quantization):
     if quantization is not None and quantization not in QUANTIZATION_RECIPES:
         raise ValueError(f"quantization: {quantization!r} is not supported; valid: None, {', '.join(QUANTIZATION_RECIPES)}")
 
-def engine_for(model, tokenizer=None, *, quantization: str | None = None, **engine_config) -> LLMEngine:
-    "An engine over a model in memory, quantized first if asked; the caller's model is not changed."
+def engine_for(model, tokenizer=None, *, quantization: str | None = None, speculative_config: dict | None = None,
+               source=None, **engine_config) -> LLMEngine:
+    """An engine over a model in memory, quantized first if asked, speculating if `speculative_config` (vLLM's keys,
+    chapter 34) says so; the caller's model is not changed. `source`: its checkpoint directory (default heads)."""
     _check_quantization(quantization)
+    if speculative_config is not None: SpeculativeConfig.from_dict(speculative_config)   # fail before any work
     config = EngineConfig(**engine_config)
     if quantization is not None:    # pack first: the recipes quantize the fused projections; the engine must not repack
         model = quantize(pack_model(model, k_major=False), QuantRecipe(**QUANTIZATION_RECIPES[quantization]))
         use_gpu_kernels(model)      # Triton dequantize-fused matmuls for layers on CUDA (chapter 24); none on CPU
         config = dataclasses.replace(config, pack_weights=False)
+    if speculative_config is not None:
+        return SpeculativeEngine(model, tokenizer, config, speculative_config, source=source)
     return LLMEngine(model, tokenizer, config)
 
-def build_engine(model=None, *, dtype=None, device=None, quantization: str | None = None, **engine_config) -> LLMEngine:
+def build_engine(model=None, *, dtype=None, device=None, quantization: str | None = None,
+                 speculative_config: dict | None = None, **engine_config) -> LLMEngine:
     "Load a checkpoint (default: the shipped tiny-dense) and its tokenizer, quantize if asked, start an engine."
     _check_quantization(quantization); EngineConfig(**engine_config)   # bad arguments fail before the weights load
+    if speculative_config is not None: SpeculativeConfig.from_dict(speculative_config)
     path = resolve_model_path(model)
-    engine = engine_for(load_model(path, dtype=dtype, device=device), load_tokenizer(path),
-                        quantization=quantization, **engine_config)
+    engine = engine_for(load_model(path, dtype=dtype, device=device), load_tokenizer(path), quantization=quantization,
+                        speculative_config=speculative_config, source=path, **engine_config)
     engine.model.source = str(path)
     return engine
 

@@ -218,8 +218,7 @@ class LLMEngine:
             err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
             return [self._fail(seq, err) for seq in batch.seqs]
         self.scheduler.update(batch)
-        self.num_steps += 1
-        self.num_prefill_tokens += batch.num_prefill_tokens; self.num_decode_tokens += batch.num_decode_tokens
+        self._count(batch)
         outputs = []
         for i, (seq, tok) in enumerate(zip(samplers, self._sample(logits, samplers))):
             try:
@@ -228,6 +227,10 @@ class LLMEngine:
             except Exception as e: self._fail(seq, e)
             outputs.append(self.output(seq))
         return outputs
+
+    def _count(self, batch):
+        self.num_steps += 1
+        self.num_prefill_tokens += batch.num_prefill_tokens; self.num_decode_tokens += batch.num_decode_tokens
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list:
         "One token per row, or the exception that row raised: rows with non-finite logits fail alone."

@@ -117,16 +117,20 @@ def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
 
 def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
     """Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [R]` and the sequence of each
-    sampled row (`batch.num_sampled[i]` rows for `seqs[i]`: its last positions this step)."""
+    sampled row (`batch.num_sampled[i]` rows for `seqs[i]`: its last positions this step). An entry that samples at
+    every position it computes (a decode; speculation's last token + drafts) becomes one decode row per token: row
+    `p` attends to positions `0..p`, whose K/V the step writes before any attention reads."""
     ids, pos, slots, logits_idx, samplers = [], [], [], [], []
     pre_cu, pre_lens, pre_tables, dec_lens, dec_tables = [0], [], [], [], []
     for seq, n, k in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled):
         start, bt = seq.num_computed_tokens, seq.block_table
-        ids += seq.token_ids[start:start + n]
+        ids += (seq.token_ids + seq.draft_token_ids)[start:start + n] if seq.draft_token_ids else seq.token_ids[start:start + n]
         pos += range(start, start + n)
         slots += [bt[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-        if n > 1: pre_cu.append(pre_cu[-1] + n); pre_lens.append(start + n); pre_tables.append(bt)
-        else: dec_lens.append(start + 1); dec_tables.append(bt)
+        if k != n:
+            if dec_lens: raise ValueError("prepare_batch: a prefill chunk comes after decode rows; prefills go first")
+            pre_cu.append(pre_cu[-1] + n); pre_lens.append(start + n); pre_tables.append(bt)
+        else: dec_lens += range(start + 1, start + n + 1); dec_tables += [bt] * n
         logits_idx += range(len(ids) - k, len(ids)); samplers += [seq] * k
     t = lambda x, dt=torch.int32: torch.tensor(x, dtype=dt, device=device)
     meta = AttentionMetadata(t(slots, torch.int64), pre_cu[-1], t(pre_cu), t(pre_lens), _pad_tables(pre_tables, device),
@@ -180,6 +184,14 @@ def _np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     x1, x2 = x[..., :half], x[..., half:]                         # slices: np.split is ~10 µs of Python
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
+def _row_groups(tables: np.ndarray, lens: list[int]) -> list[tuple[int, int]]:
+    "(first row, rows) of runs of decode rows from one sequence: the same block table, lengths rising by one."
+    groups = []
+    for b, L in enumerate(lens):
+        if groups and lens[b - 1] + 1 == L and np.array_equal(tables[b - 1], tables[b]): groups[-1][1] += 1
+        else: groups.append([b, 1])
+    return [tuple(g) for g in groups]
+
 class NumpyDecoder:
     """A decode-only CPU step (one new token for each of a few sequences) in NumPy, on the packed model's K-major
     weights and the paged cache's memory (views, no copies): `tiny-dense` decodes about twice as fast as through
@@ -223,6 +235,7 @@ class NumpyDecoder:
         cos, sin = cos.numpy()[:, None, :D // 2], sin.numpy()[:, None, :D // 2]   # both halves are equal
         slots, lens = meta.slot_mapping.numpy(), meta.decode_seq_lens.tolist()
         tables = meta.decode_block_tables.numpy()
+        groups = _row_groups(tables, lens)                                         # verify rows of one sequence: one group
         x = self.embed[token_ids.numpy()]                                          # [B, hidden]
         for i, w in enumerate(self.layers):
             y = _np_rms_norm(x, w["ln1"], self.eps) @ w["qkv"]                     # [B, (H + 2 Hkv) D]
@@ -234,15 +247,21 @@ class NumpyDecoder:
             kc, vc = self.k[i], self.v[i]
             kc.reshape(-1, Hkv, D)[slots], vc.reshape(-1, Hkv, D)[slots] = k, v    # write first: each attends to itself
             o = np.empty((B, H, D), np.float32)
-            for b, L in enumerate(lens):
-                lo = max(0, L - self.windows[i]) if self.windows[i] else 0          # first key position it may read
+            for b, m in groups:                                                    # rows b..b+m-1, lengths L-m+1..L
+                L, W, G = lens[b + m - 1], self.windows[i], H // Hkv
+                lo = max(0, lens[b] - W) if W else 0                                # first key position any row reads
                 blocks = tables[b, lo // bs:-(-L // bs)]
                 first, last = lo - lo // bs * bs, L - lo // bs * bs
-                kk = kc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 2, 0)  # [Hkv, D, S]
+                kk = kc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 2, 0)  # [Hkv, D, S]: gathered once
                 vv = vc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 0, 2)  # [Hkv, S, D]
-                s = np.matmul(q[b].reshape(Hkv, H // Hkv, D), kk) * self.scale      # [Hkv, G, S]
+                qg = q[b:b + m].reshape(m, Hkv, G, D).transpose(1, 0, 2, 3).reshape(Hkv, m * G, D)
+                s = np.matmul(qg, kk) * self.scale                                  # [Hkv, m*G, S]
+                if m > 1 or (W and L - lo > W):                                     # row r sees keys (L-m+r-W, L-m+r]
+                    keys, rows = np.arange(lo, L), np.arange(L - m, L)[:, None]
+                    ok = (keys <= rows) & ((keys > rows - W) if W else True)        # [m, S]
+                    s = np.where(np.repeat(ok, G, 0)[None], s, -np.inf)
                 s = np.exp(s - s.max(-1, keepdims=True)); s /= s.sum(-1, keepdims=True)
-                o[b] = np.matmul(s, vv).reshape(H, D)
+                o[b:b + m] = np.matmul(s, vv).reshape(Hkv, m, G, D).transpose(1, 0, 2, 3).reshape(m, H, D)
             x = x + o.reshape(B, H * D) @ w["o"]
             if w["o_b"] is not None: x += w["o_b"]
             gu = _np_rms_norm(x, w["ln2"], self.eps) @ w["gate_up"]
@@ -342,23 +361,28 @@ class ModelRunner:
         # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
         self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model, self.kv_cache)
 
-    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+    def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         """One forward pass: (sequences that sample, their logits `[R, vocab]` in float32), R = the batch's sampled
-        positions (`batch.num_sampled`: one row per sequence that samples today, k+1 with speculation)."""
-        if self.threads is None: return self._execute(batch)
+        positions (`batch.num_sampled`: one row per sequence that samples today, k+1 with speculation).
+        `return_hidden`: also the final-norm hidden states of those rows `[R, hidden]` (speculative heads read them)."""
+        if self.threads is None: return self._execute(batch, return_hidden)
         with self.threads.step(decode=batch.num_tokens <= SMALL_STEP_TOKENS):   # pools restored when the step ends
-            return self._execute(batch)
+            return self._execute(batch, return_hidden)
+
+    def threads_for(self, decode: bool = True):
+        "The CPU pools a decode-sized step uses, for small work beside the model (a proposer's heads); none off CPU."
+        return contextlib.nullcontext() if self.threads is None else self.threads.step(decode)
 
     @torch.inference_mode()
-    def _execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+    def _execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
         if self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
             h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
         else:
             h = self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), check_ids=False)[0]
-        if not samplers: return [], h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
-        return samplers, self.model.lm_head(h).float()                         # [R, vocab]
+        logits = self.model.lm_head(h).float() if samplers else h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
+        return (samplers, logits, h) if return_hidden else (samplers, logits)  # [R, vocab], [R, hidden]
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     "One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's `sample_rows`)."

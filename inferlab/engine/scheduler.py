@@ -35,7 +35,8 @@ class SchedulerConfig:
 class ScheduledBatch:
     """One step's work: `seqs[i]` computes `num_new_tokens[i]` tokens and samples at its last `num_sampled[i]`
     positions (1 when the step reaches the end of its tokens, 0 for an unfinished prefill chunk; k + 1 when
-    speculation verifies k drafts). Multi-token (prefill) entries come first."""
+    speculation verifies k drafts: its last token and the drafts). Entries that sample at every position they
+    compute (decodes, verifications) come last: the runner runs them as decode rows, one per token."""
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
@@ -50,11 +51,11 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int: return sum(self.num_new_tokens)
     @property
-    def num_prefills(self) -> int: return sum(n > 1 for n in self.num_new_tokens)
+    def num_prefills(self) -> int: return sum(k != n for n, k in zip(self.num_new_tokens, self.num_sampled))
     @property
-    def num_prefill_tokens(self) -> int: return sum(n for n in self.num_new_tokens if n > 1)
+    def num_prefill_tokens(self) -> int: return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k != n)
     @property
-    def num_decode_tokens(self) -> int: return sum(n == 1 for n in self.num_new_tokens)
+    def num_decode_tokens(self) -> int: return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k == n)
     @property
     def is_empty(self) -> bool: return not self.seqs
 
@@ -79,11 +80,11 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         cfg, bm = self.config, self.block_manager
         budget, picked, preempted = cfg.max_num_batched_tokens, {}, []
-        # 1. running sequences (decodes and unfinished prefill chunks), oldest first
+        # 1. running sequences (decodes, verifications of drafts, unfinished prefill chunks), oldest first
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._fit_drafts(seq, budget)
             while not bm.can_append(seq, n):
                 victim = self.running.pop()                       # the most recent (lowest priority) sequence
                 self._preempt(victim); preempted.append(victim)
@@ -107,14 +108,36 @@ class Scheduler:
             else: self.running.append(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             picked[seq] = n; budget -= n
-        order = sorted(picked, key=lambda s: picked[s] == 1)      # prefill chunks first, then decodes (stable)
-        return ScheduledBatch(order, [picked[s] for s in order], preempted)
+        sampled = {s: len(s.draft_token_ids) + 1 if s.draft_token_ids else
+                   int(s.num_computed_tokens + n == s.num_tokens) for s, n in picked.items()}
+        order = sorted(picked, key=lambda s: sampled[s] == picked[s])   # prefill chunks first, then decode rows (stable)
+        return ScheduledBatch(order, [picked[s] for s in order], preempted, [sampled[s] for s in order])
+
+    def _fit_drafts(self, seq: Sequence, budget: int) -> int:
+        """Tokens `seq` computes this step: its uncomputed tokens and its drafts, within `budget`. Drafts are a bet, never
+        a claim: those past the budget, or past the free blocks, are dropped before anyone is preempted for them."""
+        want = seq.num_uncomputed_tokens + len(seq.draft_token_ids)
+        if seq.draft_token_ids and (want > budget or not self.block_manager.can_append(seq, want)):
+            keep = max(0, min(budget, want) - seq.num_uncomputed_tokens)
+            while keep and not self.block_manager.can_append(seq, seq.num_uncomputed_tokens + keep): keep -= 1
+            del seq.draft_token_ids[keep:]
+        return min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
 
     def update(self, batch: ScheduledBatch):
-        "After the model ran `batch`: advance computed counts and cache the blocks that became full."
+        """After the model ran `batch`: advance computed counts over the real tokens it computed and cache the blocks
+        that became full. A verification's drafts are not counted here: `accept` does, once they are tokens."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+            seq.num_computed_tokens += n - len(seq.draft_token_ids)
             self.block_manager.cache_computed_blocks(seq)
+
+    def accept(self, seq: Sequence, num_accepted: int):
+        """Speculation: the first `num_accepted` drafts of `seq` became tokens (the engine appended them): their K/V
+        count as computed, the rejected drafts' slots go back to the pool (to be overwritten), full blocks are cached."""
+        if seq.is_finished: return                             # it stopped in this step: its blocks are free already
+        seq.num_computed_tokens += num_accepted
+        seq.draft_token_ids = []
+        self.block_manager.truncate(seq, seq.num_tokens)
+        self.block_manager.cache_computed_blocks(seq)
 
     def finish(self, seq: Sequence, reason: str):
         "End a sequence (stop, length, abort, error): free its blocks, drop it from the queues."
@@ -125,6 +148,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence):
         self.block_manager.free(seq)
+        seq.draft_token_ids = []                                  # drafts are proposed again when it runs
         seq.num_computed_tokens, seq.status = 0, SequenceStatus.WAITING
         seq.num_preemptions += 1; self.num_preemptions += 1
         if self.config.policy == "priority": self._insort(self.waiting, seq)

@@ -1,0 +1,140 @@
+"Speculation in the engine: greedy outputs identical to the plain engine for every method, no KV leaks, clear errors."
+import json, shutil
+import numpy as np
+import pytest
+import torch
+from inferlab.model.config import shipped_model_path, ModelConfig
+from inferlab.model.model import load_model
+from inferlab.model.tokenizer import load_tokenizer
+from inferlab.model.train import read_corpus
+from inferlab.model.sampling import SamplingParams
+from inferlab.engine.llm_engine import LLMEngine, EngineConfig
+from inferlab.spec.spec_engine import SpeculativeEngine, SpeculativeConfig
+from inferlab.testing import random_model
+
+TINY = shipped_model_path("tiny-dense")
+METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
+           "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
+           "medusa": {"method": "medusa", "num_speculative_tokens": 4}}
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+@pytest.fixture(scope="module")
+def target(): return load_model(TINY, dtype=torch.float32)
+
+@pytest.fixture(scope="module")
+def tok(): return load_tokenizer(TINY)
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    "200 prompts cut from held-out code, 8-160 tokens; half share a 48-token header (prefix-cache hits)."
+    ids = tok.encode(read_corpus("valid")[:150_000])
+    rng = np.random.default_rng(0)
+    out = [ids[s:s + int(n)] for s, n in zip(rng.integers(0, len(ids) - 200, 200), rng.integers(8, 161, 200))]
+    header = ids[:48]
+    return [header + p if i % 2 else p for i, p in enumerate(out)]
+
+def run(engine, prompts, params=GREEDY):
+    for i, p in enumerate(prompts): engine.add_request(p, params, request_id=str(i))
+    out = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished: out[o.request_id] = o.token_ids
+    return [out[str(i)] for i in range(len(prompts))]
+
+CONFIGS = {"batch 1": dict(max_num_seqs=1), "batch 16, chunked prefill": dict(max_num_seqs=16, max_num_batched_tokens=96),
+           "batch 16, preempting": dict(max_num_seqs=16, num_kv_blocks=48, max_num_batched_tokens=96)}
+
+@pytest.fixture(scope="module")
+def plain(target, tok, prompts):
+    return {name: run(LLMEngine(target, tok, EngineConfig(**cfg)), prompts) for name, cfg in CONFIGS.items()}
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("method", list(METHODS))
+def test_greedy_identical(method, config, target, tok, prompts, plain):
+    eng = SpeculativeEngine(target, tok, EngineConfig(**CONFIGS[config]), METHODS[method], source=TINY)
+    got = run(eng, prompts)
+    same = sum(a == b for a, b in zip(got, plain[config]))
+    s = eng.stats()
+    print(f"{method} {config}: identical {same}/{len(prompts)}, preemptions {s['preemptions']}, prefix hits "
+          f"{s['prefix_hit_rate']:.0%}, acceptance {s['acceptance_rate']:.0%}, {s['mean_accepted_length']:.2f} tokens/verification")
+    assert same == len(prompts)
+    assert s["num_draft_tokens"] > 0 and s["prefix_hit_tokens"] > 0
+    if "preempting" in config: assert s["preemptions"] > 0
+    eng.check_idle()
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_no_leaks_with_aborts_and_preemption(method, target, tok, prompts):
+    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=8, num_kv_blocks=28), METHODS[method], source=TINY)
+    sp, gp = SamplingParams(temperature=0.9, seed=1, max_tokens=80), SamplingParams(temperature=0, max_tokens=80)
+    for i, p in enumerate(prompts[:16]): eng.add_request(p[:20], sp if i % 2 else gp, request_id=str(i))  # they grow
+    for _ in range(6): eng.step()
+    for i in range(0, 16, 3): eng.abort(str(i))
+    while eng.has_unfinished(): eng.step()
+    assert eng.stats()["preemptions"] > 0
+    eng.check_idle()
+
+def test_stats_fields(target, tok, prompts):
+    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=4), METHODS["ngram"])
+    run(eng, prompts[:8])
+    s = eng.stats()
+    assert s["num_accepted_tokens"] <= s["num_draft_tokens"] and len(s["acceptance_rate_per_position"]) == 4
+    assert s["acceptance_rate"] == pytest.approx(s["num_accepted_tokens"] / s["num_draft_tokens"])
+    rates = s["acceptance_rate_per_position"]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))    # position j is reached only if 1..j-1 were accepted
+
+def test_max_tokens_and_stop_respected(target, tok, prompts):
+    "Tokens a verification emits past max_tokens or a stop token are dropped."
+    p = prompts[1]
+    ref = run(LLMEngine(target, tok), [p], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0]
+    for k in (1, 4, 8):
+        eng = SpeculativeEngine(target, tok, None, {"method": "ngram", "num_speculative_tokens": k})
+        assert run(eng, [p], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0] == ref
+    stop = ref[3]
+    want = run(LLMEngine(target, tok), [p], SamplingParams(temperature=0, max_tokens=7, stop_token_ids=[stop]))[0]
+    eng = SpeculativeEngine(target, tok, None, {"method": "ngram", "num_speculative_tokens": 6})
+    assert run(eng, [p], SamplingParams(temperature=0, max_tokens=7, stop_token_ids=[stop]))[0] == want
+
+def test_disable_by_batch_size(target, tok, prompts):
+    "No drafts while more than N requests run; drafts again once the batch has drained below it."
+    def drafts(spec):
+        eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=16), spec)
+        for i, p in enumerate(prompts[:16]):       # staggered lengths: the batch drains one by one
+            eng.add_request(p, SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True))
+        while eng.has_unfinished(): eng.step()
+        return eng.num_draft_tokens
+    on = drafts({"method": "ngram", "num_speculative_tokens": 4})
+    gated = drafts({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 4})
+    assert 0 < gated < on
+
+@pytest.mark.parametrize("bad, field", [({"method": "beam"}, "method"), ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+                                        ({"method": "ngram", "bogus": 1}, "bogus"), ({"method": "eagle"}, "method")])
+def test_bad_config(bad, field, target, tok):
+    with pytest.raises(ValueError, match=field): SpeculativeEngine(target, tok, None, bad)
+
+def test_draft_with_other_vocabulary(target, tok, tmp_path):
+    from inferlab.model.model import save_model
+    other = random_model(ModelConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=32), 0)
+    save_model(other, tmp_path / "draft")
+    with pytest.raises(ValueError, match="model: the draft's vocab_size 1000 differs"):
+        SpeculativeEngine(target, tok, None, {"method": "draft_model", "model": str(tmp_path / "draft")})
+
+def test_heads_for_another_model(tok, tmp_path):
+    "The shipped heads were trained on tiny-dense: another model of the same shape is refused."
+    other = random_model(load_model(TINY, dtype=torch.float32).config, 1)
+    with pytest.raises(ValueError, match="base_fingerprint"):
+        SpeculativeEngine(other, tok, None, {"method": "medusa"}, source=TINY)
+    with pytest.raises(ValueError, match="model: no Medusa heads"):
+        SpeculativeEngine(other, tok, None, {"method": "medusa"}, source=tmp_path)
+
+def test_llm_facade_and_cli(capsys):
+    from inferlab.llm import LLM
+    from inferlab.cli import main
+    llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    out = llm.generate(["def f(x):\n    return x\n\ndef g(x):\n    return"], SamplingParams(temperature=0, max_tokens=12))
+    assert len(out[0].token_ids) == 12 and llm.engine.stats()["method"] == "ngram"
+    with pytest.raises(ValueError, match="method"): LLM(speculative_config={"method": "nope"})
+    assert main(["generate", "--max-tokens", "8", "--temperature", "0", "--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 2}', "import os\nimport sys\n"]) == 0
+    assert "speculation ngram" in capsys.readouterr().err
+    assert main(["generate", "--speculative-config", "{not json", "x"]) != 0
