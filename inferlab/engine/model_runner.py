@@ -25,8 +25,8 @@ from ..model.sampling import sample_rows, token_logprobs
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
-           'KMajorLinear', 'pack_model', 'NumpyDecoder', 'cgroup_cpu_limit', 'CpuThreads', 'ModelRunner',
-           'sample_batch']
+           'few_rows_matmul', 'KMajorLinear', 'pack_model', 'NumpyDecoder', 'cgroup_cpu_limit', 'CpuThreads',
+           'ModelRunner', 'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
 @dataclass
@@ -140,6 +140,15 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
 # %% ../../nbs/15_model_runner.ipynb #22f63725
 SMALL_STEP_TOKENS = 8   # CPU steps with at most this many tokens take the decode path below
 
+def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """`x [M, K] @ w [K, N]` for a few rows in OpenBLAS. From two rows on it runs a matrix-matrix kernel that packs
+    the whole panel of `w` first: on a wide `w` (a vocabulary, an MLP's gate/up) 2-4x slower than in 512-column views
+    (measured in chapter 30's cost of verifying k + 1 positions); the views share `w`'s memory."""
+    if x.shape[0] == 1 or w.shape[1] <= 1024: return x @ w
+    out = np.empty((x.shape[0], w.shape[1]), np.float32)
+    for i in range(0, w.shape[1], 512): np.matmul(x, w[:, i:i + 512], out=out[:, i:i + 512])
+    return out
+
 class KMajorLinear(nn.Module):
     "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go through NumPy's BLAS."
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -154,7 +163,8 @@ class KMajorLinear(nn.Module):
 
     def forward(self, x):  # [..., in] -> [..., out]
         if self.weight_np is not None and x.dtype == torch.float32 and x.numel() <= SMALL_STEP_TOKENS * x.shape[-1]:
-            y = torch.from_numpy(x.detach().contiguous().numpy() @ self.weight_np)   # matrix-vector: OpenBLAS
+            x2 = x.detach().reshape(-1, x.shape[-1]).contiguous().numpy()
+            y = torch.from_numpy(few_rows_matmul(x2, self.weight_np)).view(*x.shape[:-1], -1)   # OpenBLAS
         else: y = x @ self.weight_t
         return y if self.bias is None else y + self.bias
 
@@ -238,7 +248,7 @@ class NumpyDecoder:
         groups = _row_groups(tables, lens)                                         # verify rows of one sequence: one group
         x = self.embed[token_ids.numpy()]                                          # [B, hidden]
         for i, w in enumerate(self.layers):
-            y = _np_rms_norm(x, w["ln1"], self.eps) @ w["qkv"]                     # [B, (H + 2 Hkv) D]
+            y = few_rows_matmul(_np_rms_norm(x, w["ln1"], self.eps), w["qkv"])     # [B, (H + 2 Hkv) D]
             if w["qkv_b"] is not None: y += w["qkv_b"]
             y = y.reshape(B, H + 2 * Hkv, D)
             q, k, v = y[:, :H], y[:, H:H + Hkv], y[:, H + Hkv:]
@@ -262,12 +272,12 @@ class NumpyDecoder:
                     s = np.where(np.repeat(ok, G, 0)[None], s, -np.inf)
                 s = np.exp(s - s.max(-1, keepdims=True)); s /= s.sum(-1, keepdims=True)
                 o[b:b + m] = np.matmul(s, vv).reshape(Hkv, m, G, D).transpose(1, 0, 2, 3).reshape(m, H, D)
-            x = x + o.reshape(B, H * D) @ w["o"]
+            x = x + few_rows_matmul(o.reshape(B, H * D), w["o"])
             if w["o_b"] is not None: x += w["o_b"]
-            gu = _np_rms_norm(x, w["ln2"], self.eps) @ w["gate_up"]
+            gu = few_rows_matmul(_np_rms_norm(x, w["ln2"], self.eps), w["gate_up"])
             gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
             with np.errstate(over="ignore"):                                       # exp(-gate) = inf: silu → -0
-                x = x + (gate / (1 + np.exp(-gate)) * up) @ w["down"]
+                x = x + few_rows_matmul(gate / (1 + np.exp(-gate)) * up, w["down"])
         return torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
 
 # %% ../../nbs/15_model_runner.ipynb #e8db95ea
