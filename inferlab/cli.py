@@ -6,11 +6,38 @@ Docs: https://inferlab.github.io/inferlab/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #783bcd97
 from __future__ import annotations
-import argparse, json, sys, time
+import argparse, dataclasses, json, sys, time
 import inferlab
 
 # %% auto #0
-__all__ = ['build_parser', 'main']
+__all__ = ['add_engine_args', 'engine_kwargs', 'build_parser', 'main']
+
+# %% ../nbs/08_cli.ipynb #f9925bd7
+def add_engine_args(p: argparse.ArgumentParser):
+    "The model and every engine argument `LLM` takes, as flags (`--max-num-seqs`, `--kv-cache-dtype`, ...)."
+    from inferlab.engine.llm_engine import EngineConfig
+    p.add_argument("--model", default=None, help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--quantization", default=None, help="w8a16, w4a16, w8a8, fp8, mxfp4 or nvfp4 (chapter 23)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        "(methods: ngram, draft_model, medusa)")
+    for f in dataclasses.fields(EngineConfig):
+        flag, d = "--" + f.name.replace("_", "-"), f.default
+        if isinstance(d, bool): p.add_argument(flag, action=argparse.BooleanOptionalAction, default=d, help=f"default {d}")
+        else: p.add_argument(flag, type=int if isinstance(d, int) or "int" in str(f.type) else str, default=d,
+                             help=f"EngineConfig.{f.name} (default {d})")
+
+def engine_kwargs(args) -> dict:
+    "The keyword arguments of `LLM`/`build_engine` from parsed engine flags."
+    from inferlab.engine.llm_engine import EngineConfig
+    spec = None
+    if args.speculative_config is not None:
+        try: spec = json.loads(args.speculative_config)
+        except json.JSONDecodeError as e: raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
+    return dict(dtype=args.dtype, device=args.device, quantization=args.quantization, speculative_config=spec,
+                **{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
 
 # %% ../nbs/08_cli.ipynb #7b47bf72
 def _generate(args) -> int:
@@ -22,12 +49,8 @@ def _generate(args) -> int:
     params = SamplingParams(temperature=pick(args.temperature, "temperature", 0.8), top_p=pick(args.top_p, "top_p", 0.95),
                             top_k=pick(args.top_k, "top_k", -1), seed=args.seed, max_tokens=args.max_tokens,
                             stop=args.stop or [])
-    spec = None
-    if args.speculative_config is not None:
-        try: spec = json.loads(args.speculative_config)
-        except json.JSONDecodeError as e: raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
     t0 = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec)
+    llm = LLM(args.model, **engine_kwargs(args))
     load_s, t1 = time.perf_counter() - t0, time.perf_counter()
     outs = llm.generate(args.prompt, params)
     wall = time.perf_counter() - t1
@@ -48,6 +71,23 @@ def _generate(args) -> int:
                  if "method" in st else "") + "]", file=sys.stderr)
     return 0 if all(o.error is None for o in outs) else 2
 
+# %% ../nbs/08_cli.ipynb #891abfe9
+def _serve(args) -> int:
+    from pathlib import Path
+    from inferlab.llm import build_engine
+    from inferlab.model.tokenizer import load_generation_config
+    from inferlab.serve.api_server import create_app, serve
+    engine = build_engine(args.model, **engine_kwargs(args))
+    if args.chat_template is not None:
+        if engine.tokenizer is None: raise ValueError("--chat-template: the model has no tokenizer")
+        engine.tokenizer.chat_template = Path(args.chat_template).read_text()
+    defaults = {k: v for k, v in load_generation_config(args.model).items() if k in ("temperature", "top_p", "top_k", "min_p")}
+    app = create_app(engine, args.served_model_name, args.api_key, args.max_waiting, defaults, start_engine=False)
+    name = app.state.inferlab.model_name
+    print(f"inferlab serve: {name} at http://{args.host}:{args.port}/v1 (max_model_len {engine.max_model_len}, "
+          f"{engine.block_manager.num_blocks} KV blocks)", file=sys.stderr, flush=True)
+    return serve(app, args.host, args.port, args.log_level)   # the engine loop runs here, on the thread that loaded it
+
 # %% ../nbs/08_cli.ipynb #5c3501e9
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inferlab", description="inferlab: a literate LLM inference stack. "
@@ -56,25 +96,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     g = sub.add_parser("generate", help="continue prompts with the engine (default model: the shipped tiny-dense)")
     g.add_argument("prompt", nargs="+", help="the text(s) to continue; several run as one continuously batched job")
-    g.add_argument("--model", default=None, help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: generation_config.json, else 0.8)")
     g.add_argument("--top-p", type=float, default=None, help="default: generation_config.json, else 0.95")
     g.add_argument("--top-k", type=int, default=None, help="default: generation_config.json, else all tokens")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together (default 64)")
-    g.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-                        "(methods: ngram, draft_model, medusa)")
     g.add_argument("--quiet", action="store_true", help="print only the text")
+    add_engine_args(g)
     g.set_defaults(func=_generate)
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (chapters 50-54)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-model-name", default=None, help="the name clients use (default: the model directory's)")
+    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer <key>` on /v1/ routes")
+    s.add_argument("--max-waiting", type=int, default=512, help="requests that may wait for a seat; more get 503 (default 512)")
+    s.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja2 chat template replacing the checkpoint's")
+    s.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
+    add_engine_args(s)
+    s.set_defaults(func=_serve)
     # `simulate` owns its options (chapter 66); main() hands it the rest of the command line untouched.
     sub.add_parser("simulate", add_help=False, help="simulate an autoscaled serving fleet (chapters 6x); "
                    "`inferlab simulate --help` lists its options")
-    sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 70); speculation (chapter 73)")
+    sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 70); "
+                   "speculation (chapter 73); `bench serve`: load against an OpenAI-compatible server (chapter 53)")
     sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 19; "
                    "`make bench-vllm` sets up vLLM's environment)")
     return p
@@ -84,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         from inferlab.fleet.cli import main as simulate_main
         return simulate_main(argv[1:])
+    if argv[:2] == ["bench", "serve"]:
+        from inferlab.llm import LLM
+        from inferlab.serve.bench import main as bench_serve_main    # a load generator against any OpenAI server (53)
+        return bench_serve_main(argv[2:], make_llm=LLM)              # LLM: the offline baseline's engine
     if argv[:1] == ["bench"]:
         from inferlab.frontier.spec_bench import main as bench_main   # chapter 70's rows, then speculation's (73)
         return bench_main(argv[1:])

@@ -19,9 +19,9 @@ from .model import CausalLM, save_model
 from .moe import MoEBlock
 
 # %% auto #0
-__all__ = ['EOT', 'FAMILY', 'TRAINING', 'corpus_files', 'build_corpus', 'read_corpus', 'train_tokenizer', 'encode_corpus',
-           'TrainConfig', 'init_weights', 'load_balancing_loss', 'evaluate_loss', 'unigram_perplexity', 'train',
-           'write_tokenizer_files', 'train_shipped']
+__all__ = ['EOT', 'FAMILY', 'TRAINING', 'CHAT_TEMPLATE', 'corpus_files', 'build_corpus', 'read_corpus', 'train_tokenizer',
+           'encode_corpus', 'TrainConfig', 'init_weights', 'load_balancing_loss', 'evaluate_loss', 'unigram_perplexity',
+           'train', 'write_tokenizer_files', 'train_shipped']
 
 # %% ../../nbs/07_train.ipynb #f6e8ecbe
 EOT = "<|endoftext|>"
@@ -188,9 +188,15 @@ def train(cfg: ModelConfig, tc: TrainConfig, train_ids: torch.Tensor, valid_ids:
     return model.eval(), log
 
 # %% ../../nbs/07_train.ipynb #65531dd4
+# The family is a base model of Python source, so its chat template writes the conversation as comments and leaves
+# the assistant's turn to continue as code (served by /v1/chat/completions, chapter 51).
+CHAT_TEMPLATE = ("{% for m in messages %}# {{ m['role'] }}: {{ m['content'] | replace('\\n', '\\n# ') }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}# assistant:\n{% endif %}")
+
 def write_tokenizer_files(tok: HFTokenizer, out: Path, max_len: int = 2048):
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": None,
         "model_max_length": max_len, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
