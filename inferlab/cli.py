@@ -23,6 +23,10 @@ def add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
                         "(methods: ngram, draft_model, medusa)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="processes the layers are split over (chapter 41)")
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="ranks that each attend for their own requests (chapter 44; with --enable-expert-parallel)")
+    p.add_argument("--enable-expert-parallel", action="store_true", help="split MoE experts whole over the ranks (chapter 42)")
     for f in dataclasses.fields(EngineConfig):
         flag, d = "--" + f.name.replace("_", "-"), f.default
         if isinstance(d, bool): p.add_argument(flag, action=argparse.BooleanOptionalAction, default=d, help=f"default {d}")
@@ -37,7 +41,8 @@ def engine_kwargs(args) -> dict:
         try: spec = json.loads(args.speculative_config)
         except json.JSONDecodeError as e: raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
     return dict(dtype=args.dtype, device=args.device, quantization=args.quantization, speculative_config=spec,
-                **{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+                tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                enable_expert_parallel=args.enable_expert_parallel, **{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
 
 # %% ../nbs/08_cli.ipynb #7b47bf72
 def _generate(args) -> int:
@@ -52,13 +57,15 @@ def _generate(args) -> int:
     t0 = time.perf_counter()
     llm = LLM(args.model, **engine_kwargs(args))
     load_s, t1 = time.perf_counter() - t0, time.perf_counter()
-    outs = llm.generate(args.prompt, params)
-    wall = time.perf_counter() - t1
+    try:
+        outs = llm.generate(args.prompt, params)
+        wall = time.perf_counter() - t1
+    finally: llm.shutdown()                           # a parallel engine's workers and process group
     for i, (prompt, out) in enumerate(zip(args.prompt, outs)):
         if len(args.prompt) > 1: print(f"--- prompt {i + 1}")
         print(prompt + out.text if out.error is None else f"error: {out.error}")
     ok = [o for o in outs if o.error is None]
-    if not args.quiet and ok:                         # (no summary when every prompt was refused)
+    if not args.quiet and ok and ok[0].metrics:       # (none when every prompt was refused, nor on torchrun rank > 0)
         n, st = sum(len(o.token_ids) for o in ok), llm.engine.stats()
         ttft = sorted(o.metrics.ttft for o in ok)
         print(f"\n[{llm.engine.model.source}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = {n / wall:.1f} tokens/s; "
@@ -77,6 +84,7 @@ def _serve(args) -> int:
     from inferlab.llm import build_engine
     from inferlab.model.tokenizer import load_generation_config
     from inferlab.serve.api_server import create_app, serve
+    if args.data_parallel_size > 1: raise ValueError("--data-parallel-size: the server runs TP/EP engines; not DP yet")
     engine = build_engine(args.model, **engine_kwargs(args))
     if args.chat_template is not None:
         if engine.tokenizer is None: raise ValueError("--chat-template: the model has no tokenizer")
@@ -86,7 +94,9 @@ def _serve(args) -> int:
     name = app.state.inferlab.model_name
     print(f"inferlab serve: {name} at http://{args.host}:{args.port}/v1 (max_model_len {engine.max_model_len}, "
           f"{engine.block_manager.num_blocks} KV blocks)", file=sys.stderr, flush=True)
-    return serve(app, args.host, args.port, args.log_level)   # the engine loop runs here, on the thread that loaded it
+    try: return serve(app, args.host, args.port, args.log_level)   # the engine loop runs here, on the thread that loaded it
+    finally:
+        if hasattr(engine, "shutdown"): engine.shutdown()             # a parallel engine's workers go with it
 
 # %% ../nbs/08_cli.ipynb #5c3501e9
 def build_parser() -> argparse.ArgumentParser:

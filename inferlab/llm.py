@@ -16,6 +16,8 @@ from .quant.linear import QuantLinear
 from .quant.quantize import QuantRecipe, quantize
 from .quant.kernels import use_gpu_kernels
 from .spec.spec_engine import SpeculativeEngine, SpeculativeConfig
+from .parallel.tensor_parallel import ParallelConfig
+from .parallel.engine import launch
 
 # %% auto #0
 __all__ = ['QUANTIZATION_RECIPES', 'engine_for', 'build_engine', 'as_prompt_list', 'LLM']
@@ -45,10 +47,17 @@ def engine_for(model, tokenizer=None, *, quantization: str | None = None, specul
     return LLMEngine(model, tokenizer, config)
 
 def build_engine(model=None, *, dtype=None, device=None, quantization: str | None = None,
-                 speculative_config: dict | None = None, **engine_config) -> LLMEngine:
-    "Load a checkpoint (default: the shipped tiny-dense) and its tokenizer, quantize if asked, start an engine."
+                 speculative_config: dict | None = None, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                 enable_expert_parallel: bool = False, **engine_config) -> LLMEngine:
+    """Load a checkpoint (default: the shipped tiny-dense) and its tokenizer, quantize if asked, start an engine;
+    across `tensor_parallel_size × data_parallel_size` processes (chapter 44) when that is more than one."""
     _check_quantization(quantization); EngineConfig(**engine_config)   # bad arguments fail before the weights load
     if speculative_config is not None: SpeculativeConfig.from_dict(speculative_config)
+    parallel = ParallelConfig(tensor_parallel_size, data_parallel_size, enable_expert_parallel)
+    if parallel.world_size > 1:
+        for name, v in (("quantization", quantization), ("speculative_config", speculative_config)):
+            if v is not None: raise ValueError(f"{name}: not supported with tensor/expert/data parallelism yet")
+        return launch(model, parallel, dtype=dtype, device=device, **engine_config)
     path = resolve_model_path(model)
     engine = engine_for(load_model(path, dtype=dtype, device=device), load_tokenizer(path), quantization=quantization,
                         speculative_config=speculative_config, source=path, **engine_config)
@@ -87,6 +96,13 @@ class LLM:
     def _attach(self, engine: LLMEngine):
         self.engine, self.tokenizer = engine, engine.tokenizer
         self._lock = threading.Lock()           # callers from several threads take turns (see generate)
+
+    def shutdown(self):
+        "Stop a parallel engine's worker processes and its process group (nothing to do for one process)."
+        if hasattr(self.engine, "shutdown"): self.engine.shutdown()
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.shutdown()
 
     def generate(self, prompts, params=None, use_tqdm: bool | None = None,
                  priority: list[int] | None = None) -> list[RequestOutput]:

@@ -123,7 +123,7 @@ class LLMEngine:
             g = torch.Generator().manual_seed(0)
             calib = torch.randint(1, cfg.vocab_size, (min(256, self.max_model_len - 1),), generator=g).tolist()
             scales = calibrate_kv_scales(self.model, calib, ec.kv_cache_dtype)
-        self.runner = ModelRunner(self.model, n_blocks, ec.block_size, ec.kv_cache_dtype, scales)
+        self.runner = self.make_runner(n_blocks, scales)
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
         self.requests: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}
@@ -133,6 +133,10 @@ class LLMEngine:
 
     def _prepare(self, model):
         return pack_model(model) if self.config.pack_weights else model
+
+    def make_runner(self, num_blocks: int, kv_scales=None):
+        "The runner this engine steps: one process's `ModelRunner` here; rank 0 of a parallel group in chapter 43."
+        return ModelRunner(self.model, num_blocks, self.config.block_size, self.config.kv_cache_dtype, kv_scales)
 
     @classmethod
     def from_pretrained(cls, model=None, dtype=None, device=None, **config) -> "LLMEngine":
@@ -214,9 +218,16 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.is_empty: return []
         try: samplers, logits = self.runner.execute(batch)
-        except Exception as e:                  # no request to blame: end the step's requests, keep the engine
-            err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
-            return [self._fail(seq, err) for seq in batch.seqs]
+        except Exception as e: return self.fail_batch(batch, e)
+        return self.process(batch, samplers, logits)
+
+    def fail_batch(self, batch, e: Exception) -> list[RequestOutput]:
+        "The model step failed: no request to blame, so end the step's requests (blocks freed) and keep the engine."
+        err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
+        return [self._fail(seq, err) for seq in batch.seqs]
+
+    def process(self, batch, samplers: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
+        "After the forward pass: advance the scheduler, sample each row, append, check stops; the step's outputs."
         self.scheduler.update(batch)
         self._count(batch)
         outputs = []

@@ -89,21 +89,17 @@ class AttentionContext:
         P, parts = m.num_prefill_tokens, []
         fresh = ks is not None          # quantized cache: this step's own tokens are attended in full precision
         if P:
-            plan = None
-            if be.uses_plans:           # the reference: prompts with no cached prefix attend to their fresh K/V, no gather
-                plan = self.prefill_plans.get(window)
-                if plan is None:
-                    plan = self.prefill_plans[window] = prefill_plan(m.prefill_cu_seqlens_q, m.prefill_seq_lens, window)
+            plan = None                 # the reference: prompts with no cached prefix attend to their fresh K/V
+            if be.uses_plans and (plan := self.prefill_plans.get(window)) is None:
+                plan = self.prefill_plans[window] = prefill_plan(m.prefill_cu_seqlens_q, m.prefill_seq_lens, window)
             new = fresh or be.uses_plans
             parts.append(be.prefill(q[0, :P], kc, vc, m.prefill_block_tables, m.prefill_cu_seqlens_q,
                                        m.prefill_seq_lens, scale, window, ks, vs, k_new=k[0, :P] if new else None,
                                        v_new=v[0, :P] if new else None, plan=plan))
         if q.shape[1] > P:
             plan = None
-            if be.uses_plans:
-                plan = self.plans.get(window)
-                if plan is None:
-                    plan = self.plans[window] = decode_plan(m.decode_block_tables, m.decode_seq_lens, kc.shape[1], window)
+            if be.uses_plans and (plan := self.plans.get(window)) is None:
+                plan = self.plans[window] = decode_plan(m.decode_block_tables, m.decode_seq_lens, kc.shape[1], window)
             parts.append(be.decode(q[0, P:], kc, vc, m.decode_block_tables, m.decode_seq_lens, scale, window, plan,
                                       ks, vs, k_new=k[0, P:] if fresh else None, v_new=v[0, P:] if fresh else None))
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
@@ -372,9 +368,8 @@ class ModelRunner:
         self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model, self.kv_cache)
 
     def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
-        """One forward pass: (sequences that sample, their logits `[R, vocab]` in float32), R = the batch's sampled
-        positions (`batch.num_sampled`: one row per sequence that samples today, k+1 with speculation).
-        `return_hidden`: also the final-norm hidden states of those rows `[R, hidden]` (speculative heads read them)."""
+        """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled positions
+        (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their hidden states."""
         if self.threads is None: return self._execute(batch, return_hidden)
         with self.threads.step(decode=batch.num_tokens <= SMALL_STEP_TOKENS):   # pools restored when the step ends
             return self._execute(batch, return_hidden)
@@ -383,16 +378,21 @@ class ModelRunner:
         "The CPU pools a decode-sized step uses, for small work beside the model (a proposer's heads); none off CPU."
         return contextlib.nullcontext() if self.threads is None else self.threads.step(decode)
 
-    @torch.inference_mode()
     def _execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
+        h, logits = self.forward(ids, pos, meta, logits_idx, bool(samplers))
+        return (samplers, logits, h) if return_hidden else (samplers, logits)  # [R, vocab], [R, hidden]
+
+    @torch.inference_mode()
+    def forward(self, ids, pos, meta: AttentionMetadata, logits_idx, sample: bool = True) -> tuple:
+        "A packed step: (hidden `[R, hidden]`, logits `[R, vocab]` float32) of the sampled rows; each TP rank runs it (ch. 43)."
         if self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
             h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
         else:
             h = self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), check_ids=False)[0]
         if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
-        logits = self.model.lm_head(h).float() if samplers else h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
-        return (samplers, logits, h) if return_hidden else (samplers, logits)  # [R, vocab], [R, hidden]
+        logits = self.model.lm_head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
+        return h, logits
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     "One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's `sample_rows`)."

@@ -99,8 +99,7 @@ class SpeculativeEngine(LLMEngine):
         if batch.is_empty: return []
         try: samplers, logits, hidden = self.runner.execute(batch, return_hidden=True)
         except Exception as e:                  # no request to blame: end the step's requests, keep the engine
-            err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
-            outs = [self._fail(seq, err) for seq in batch.seqs]
+            outs = self.fail_batch(batch, e)
             for seq in batch.seqs: self._release(seq)
             return outs
         self.scheduler.update(batch)                      # real tokens computed; drafts wait for accept() below
