@@ -26,7 +26,11 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 def children() -> list[int]:
     "Pids of this process's live children (whoever started them), from /proc."
-    me, kids = str(os.getpid()), []
+    return children_of(os.getpid())
+
+def children_of(pid: int) -> list[int]:
+    "Pids of `pid`'s live children, from /proc (multiprocessing's resource tracker aside)."
+    me, kids = str(pid), []
     for d in os.listdir("/proc"):
         if not d.isdigit(): continue
         try: stat = open(f"/proc/{d}/stat").read()
