@@ -188,6 +188,14 @@ class LLMEngine:
         self._aborted.append(seq)
         return True
 
+    def fail(self, request_id: str, err: Exception) -> RequestOutput | None:
+        "End a request now with `finish_reason='error'` (blocks freed) and forget it: its final output (None: unknown)."
+        seq = self.requests.get(request_id)
+        if seq is None: return None
+        out = self._fail(seq, err)
+        self._forget(request_id)
+        return out
+
     def _forget(self, request_id: str):
         "A finished request whose final output was returned leaves the engine: memory stays flat over any number."
         self.requests.pop(request_id, None); self.prompts.pop(request_id, None)

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from .async_engine import AsyncLLMEngine, QueueFull
 from .metrics import ServerMetrics
-from .protocol import (OpenAIError, CompletionRequest, ChatCompletionRequest, parse_request, prompt_list,
+from .protocol import (OpenAIError, param_of, CompletionRequest, ChatCompletionRequest, parse_request, prompt_list,
                                      sampling_params, render_chat, new_id, usage, sse, finish_reason, completion_logprobs, chat_logprobs,
                                      completion_response, completion_chunk, chat_response, chat_chunk, usage_chunk)
 
@@ -31,18 +31,21 @@ class Run:
         self.done: set[str] = set()
 
     async def start(self, jobs: list[tuple]):
-        "`jobs`: (choice index, prompt token ids, SamplingParams); a refusal aborts those already added."
+        """`jobs`: (choice index, prompt token ids, SamplingParams), queued together so every choice joins the same
+        engine step; one refusal aborts them all."""
+        for i, _, _ in jobs: self.index[f"{self.base_id}-{i}"] = i
         try:
-            for i, ids, params in jobs:
-                rid = f"{self.base_id}-{i}"
-                await self.aengine.add_request(ids, params, rid, queue=self.queue)
-                self.index[rid] = i
-        except QueueFull as e:
-            self.abort(); raise OpenAIError(503, str(e), None, "server_overloaded", "queue_full") from None
-        except ValueError as e:                                # the engine names the field first: "prompt: ..."
-            self.abort(); head = str(e).split(":")[0]
-            raise OpenAIError(400, str(e), head if head.isidentifier() else None) from None
-        except BaseException: self.abort(); raise
+            results = await asyncio.gather(*(self.aengine.add_request(ids, params, f"{self.base_id}-{i}", queue=self.queue)
+                                             for i, ids, params in jobs), return_exceptions=True)
+        except BaseException: self.abort(); raise              # the client left while the engine took them
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors: return
+        self.abort()
+        full = [e for e in errors if isinstance(e, QueueFull)]
+        if full: raise OpenAIError(503, str(full[0]), None, "server_overloaded", "queue_full") from None
+        bad = [e for e in errors if isinstance(e, ValueError)]
+        if bad: raise OpenAIError(400, str(bad[0]), param_of(bad[0])) from None   # the engine names the field first
+        raise errors[0]
 
     async def events(self):
         "Yield (choice index, RequestOutput) until every choice has finished; leaving early aborts the rest."

@@ -147,6 +147,5 @@ class AsyncLLMEngine:
         "A bug escaped `step()`: end every request in flight (blocks freed) rather than hang its client."
         err, outs = RuntimeError(f"engine loop: {type(err).__name__}: {err}"), []
         for rid in list(self._streams):
-            seq = self.engine.requests.get(rid)
-            if seq is not None: outs.append(self.engine._fail(seq, err)); self.engine._forget(rid)
+            if (out := self.engine.fail(rid, err)) is not None: outs.append(out)
         return outs

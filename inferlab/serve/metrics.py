@@ -71,7 +71,8 @@ class ServerMetrics:
 
     def finished(self, reason: str) -> float:
         "How many requests finished with `reason` so far."
-        return self._success.labels(self.model_name, reason)._value.get()
+        return next(s.value for s in self._success.labels(self.model_name, reason).collect()[0].samples
+                    if s.name.endswith("_total"))
 
     def exposition(self) -> tuple[bytes, str]:
         "The text `/metrics` serves, and its content type."
@@ -80,12 +81,13 @@ class ServerMetrics:
 # %% ../../nbs/52_metrics.ipynb #6e3ae820
 def histogram_quantile(q: float, hist) -> float:
     "Prometheus' estimate of quantile `q` from a histogram's buckets (linear inside the bucket where it falls)."
-    counts = [b.get() for b in hist._buckets]                  # per bucket, not cumulative; last edge is +Inf
-    total = sum(counts)
+    buckets = [(float(s.labels["le"]), s.value) for s in hist.collect()[0].samples   # cumulative; the last edge is +Inf
+               if s.name.endswith("_bucket")]
+    total = buckets[-1][1]
     if total == 0: return float("nan")
     rank, lo, below = q * total, 0.0, 0.0
-    for hi, n in zip(hist._upper_bounds, counts):
-        if below + n >= rank:
-            return lo if hi == float("inf") else lo + (hi - lo) * (rank - below) / max(n, 1e-12)
-        lo, below = hi, below + n
+    for hi, cum in buckets:
+        if cum >= rank:
+            return lo if hi == float("inf") else lo + (hi - lo) * (rank - below) / max(cum - below, 1e-12)
+        lo, below = hi, cum
     return lo

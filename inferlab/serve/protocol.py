@@ -12,10 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..model.sampling import SamplingParams, MAX_LOGPROBS
 
 # %% auto #0
-__all__ = ['MAX_N', 'OpenAIError', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatCompletionRequest',
-           'parse_request', 'prompt_list', 'sampling_params', 'render_chat', 'new_id', 'usage', 'finish_reason', 'sse',
-           'completion_logprobs', 'chat_logprobs', 'completion_response', 'completion_chunk', 'chat_response',
-           'chat_chunk', 'usage_chunk']
+__all__ = ['MAX_N', 'OpenAIError', 'param_of', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage',
+           'ChatCompletionRequest', 'parse_request', 'prompt_list', 'sampling_params', 'render_chat', 'new_id', 'usage',
+           'finish_reason', 'sse', 'completion_logprobs', 'chat_logprobs', 'completion_response', 'completion_chunk',
+           'chat_response', 'chat_chunk', 'usage_chunk']
 
 # %% ../../nbs/51_protocol.ipynb #330f3b53
 class OpenAIError(Exception):
@@ -27,6 +27,11 @@ class OpenAIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+def param_of(err: Exception) -> str | None:
+    "The field an engine `ValueError` names first (`'stop: ...'` → `'stop'`), or None when it names none."
+    head = str(err).split(":")[0]
+    return head if head.isidentifier() else None
 
 # %% ../../nbs/51_protocol.ipynb #4827eac0
 MAX_N = 64                                   # choices per request: each is a sequence in the engine
@@ -132,7 +137,7 @@ def sampling_params(req, prompt_len: int, max_model_len: int, defaults: dict | N
                               stop=req.stop or [], stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
                               logprobs=top)
     except ValueError as e:                          # SamplingParams names the field first: "stop: ..."
-        raise OpenAIError(400, str(e), str(e).split(":")[0]) from None
+        raise OpenAIError(400, str(e), param_of(e)) from None
 
 # %% ../../nbs/51_protocol.ipynb #21137c95
 def render_chat(tokenizer, req: ChatCompletionRequest) -> str:
