@@ -79,13 +79,25 @@ def _generate(args) -> int:
     return 0 if all(o.error is None for o in outs) else 2
 
 # %% ../nbs/08_cli.ipynb #891abfe9
+def _disaggregated(args):
+    "The router over prefill/decode worker processes (serve/router.py) for `--disaggregation xPyD`."
+    from inferlab.engine.llm_engine import EngineConfig
+    from inferlab.serve.router import DisaggRouter, parse_disaggregation
+    p, d = parse_disaggregation(args.disaggregation)
+    kw = engine_kwargs(args)
+    for flag, v in (("--quantization", kw["quantization"]), ("--speculative-config", kw["speculative_config"]),
+                    ("--tensor-parallel-size", kw["tensor_parallel_size"] > 1 or None), ("--device", kw["device"])):
+        if v is not None: raise ValueError(f"{flag}: not supported with --disaggregation yet")
+    return DisaggRouter(args.model, p, d, dtype=args.dtype, max_local_prefill_length=args.max_local_prefill_length,
+                        max_prefill_queue=args.max_prefill_queue, **{f.name: kw[f.name] for f in dataclasses.fields(EngineConfig)})
+
 def _serve(args) -> int:
     from pathlib import Path
     from inferlab.llm import build_engine
     from inferlab.model.tokenizer import load_generation_config
     from inferlab.serve.api_server import create_app, serve
     if args.data_parallel_size > 1: raise ValueError("--data-parallel-size: the server runs TP/EP engines; not DP yet")
-    engine = build_engine(args.model, **engine_kwargs(args))
+    engine = _disaggregated(args) if args.disaggregation else build_engine(args.model, **engine_kwargs(args))
     if args.chat_template is not None:
         if engine.tokenizer is None: raise ValueError("--chat-template: the model has no tokenizer")
         engine.tokenizer.chat_template = Path(args.chat_template).read_text()
@@ -123,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-waiting", type=int, default=512, help="requests that may wait for a seat; more get 503 (default 512)")
     s.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja2 chat template replacing the checkpoint's")
     s.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
+    s.add_argument("--disaggregation", default=None, metavar="xPyD",
+                   help="x prefill and y decode worker processes behind the API (e.g. 1P1D; chapters 55-58)")
+    s.add_argument("--max-local-prefill-length", type=int, default=1000,
+                   help="with --disaggregation: prompts with more uncached tokens prefill remotely (default 1000)")
+    s.add_argument("--max-prefill-queue", type=int, default=2,
+                   help="with --disaggregation: remote prefill only while fewer are queued there (default 2)")
     add_engine_args(s)
     s.set_defaults(func=_serve)
     # `simulate` owns its options (chapter 66); main() hands it the rest of the command line untouched.

@@ -43,6 +43,11 @@ class ServerMetrics:
         self.tpot = h("request_time_per_output_token_seconds", "(e2e - TTFT) / (output tokens - 1), per request", TOKEN_BUCKETS)
         self.e2e = h("e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
         self.model_name, self._seen, self._prefix = model_name, {}, (0, 0)   # request id -> (tokens, last output time)
+        # disaggregation (chapter 58): the KV the router moved, and each role's queue
+        self.kv_bytes, self.kv_blocks = c("kv_transfer_bytes", "KV-cache bytes moved prefill -> decode"), c("kv_transfer_blocks", "KV blocks moved")
+        self.kv_seconds = h("kv_transfer_seconds", "Time for a decode worker to adopt one request's KV", TOKEN_BUCKETS)
+        self._queue = Gauge(PREFIX + "num_requests_in_flight", "Requests in flight per worker role", lab + ["role"], registry=r)
+        self._moved = (0, 0)
 
     def observe_step(self, engine, outputs):
         now = time.perf_counter()
@@ -52,7 +57,15 @@ class ServerMetrics:
         q, hits = bm.query_tokens - self._prefix[0], bm.hit_tokens - self._prefix[1]
         if q: self.prefix_queries.inc(q); self.prefix_hits.inc(hits)
         self._prefix = (bm.query_tokens, bm.hit_tokens)
+        if hasattr(engine, "queue_depths"): self._observe_transfers(engine)
         for out in outputs: self._observe_output(out, now)
+
+    def _observe_transfers(self, engine):
+        "A disaggregation router's counters: bytes and blocks moved since the last step, adoption times, queues."
+        self.kv_bytes.inc(engine.kv_bytes - self._moved[0]); self.kv_blocks.inc(engine.kv_blocks - self._moved[1])
+        self._moved = (engine.kv_bytes, engine.kv_blocks)
+        while engine.kv_seconds: self.kv_seconds.observe(engine.kv_seconds.pop())
+        for role, n in engine.queue_depths().items(): self._queue.labels(self.model_name, role).set(n)
 
     def _observe_output(self, out, now: float):
         n, last = self._seen.get(out.request_id, (0, None))

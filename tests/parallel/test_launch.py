@@ -2,7 +2,7 @@
 import json, os, signal, subprocess, sys, threading, time
 from pathlib import Path
 import pytest
-from conftest import prompts
+from parallel_helpers import prompts
 from inferlab.llm import LLM
 from inferlab.model.sampling import SamplingParams
 from inferlab.parallel.collectives import free_port

@@ -1,7 +1,7 @@
 "`inferlab serve -tp 2`: the official client gets the single process's tokens; the workers go with the server, however it ends."
 import os, signal, subprocess, sys, tempfile, time
 import httpx, openai, pytest
-from conftest import children_of
+from parallel_helpers import children_of
 from inferlab.llm import LLM
 from inferlab.model.sampling import SamplingParams
 from inferlab.parallel.collectives import free_port

@@ -1,0 +1,58 @@
+"`inferlab serve --disaggregation`: the aggregated server's greedy text, KV moved for long prompts, survivable worker faults."
+import concurrent.futures as cf, os, signal, time
+import httpx, openai, pytest, torch
+from conftest import serve_process, metric
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    "Mixed lengths: a third above 160 tokens (remote prefill at --max-local-prefill-length 96), the rest short."
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 4096, (int(torch.randint(161, 400, (1,), generator=g)) if i % 3 == 0 else
+                                     int(torch.randint(2, 90, (1,), generator=g)),), generator=g).tolist() for i in range(n)]
+
+def complete_all(base: str, ps, max_tokens=12, workers=16) -> list:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+    def one(p):
+        try: return client.completions.create(model="tiny-dense", prompt=p, max_tokens=max_tokens, temperature=0).choices[0].text
+        except openai.APIStatusError as e: return e
+    with cf.ThreadPoolExecutor(workers) as ex: return list(ex.map(one, ps))
+
+def worker_pid(server_pid: int, name: str) -> int:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try: cmd = open(f"/proc/{d}/cmdline").read().split("\0")
+            except OSError: continue
+            if name in cmd: return int(d)
+    raise AssertionError(f"no process {name}")
+
+DISAGG = ["--max-local-prefill-length", "96", "--max-prefill-queue", "1000", "--num-kv-blocks", "2048"]
+
+def test_1p1d_equals_aggregated_and_moves_long_prompts():
+    ps = prompts(100)
+    with serve_process("--num-kv-blocks", "2048") as (base, _):
+        want = complete_all(base, ps)
+    with serve_process("--disaggregation", "1P1D", *DISAGG) as (base, proc):
+        assert worker_pid(proc.pid, "inferlab-prefill-0") and worker_pid(proc.pid, "inferlab-decode-0")
+        got = complete_all(base, ps)
+        moved, blocks = metric(base, "inferlab:kv_transfer_bytes_total"), metric(base, "inferlab:kv_transfer_blocks_total")
+    assert all(isinstance(t, str) for t in want + got)
+    assert sum(a == b for a, b in zip(got, want)) == 100
+    long_blocks = sum(-(-len(p) // 16) for i, p in enumerate(ps) if i % 3 == 0)
+    assert blocks == long_blocks and moved == blocks * 16 * 6 * 2 * 4 * 32 * 4     # fp32: layers × K/V × heads × dim
+
+@pytest.mark.parametrize("spec,victim", [("1P1D", "inferlab-prefill-0"), ("1P2D", "inferlab-decode-1")])
+def test_a_dead_worker_never_hangs_a_request(spec, victim):
+    ps = prompts(60, seed=1)
+    with serve_process("--disaggregation", spec, *DISAGG) as (base, proc):
+        pid = worker_pid(proc.pid, victim)
+        with cf.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(complete_all, base, ps, 40)
+            time.sleep(1.5); os.kill(pid, signal.SIGKILL)
+            results = fut.result(timeout=120)                    # every request answered: text or an error
+        assert httpx.get(base + "/health").status_code == 200
+        errors = [r for r in results if not isinstance(r, str)]
+        assert all(e.status_code >= 500 for e in errors)
+        if "prefill" in victim: assert not errors            # a dead prefill worker: local prefill instead
+        after = complete_all(base, ps[:5], 4)                   # the survivors still serve
+        assert all(isinstance(t, str) for t in after)
+        time.sleep(0.5)
+        assert metric(base, "inferlab:kv_cache_usage_perc") == 0   # no block leaked on the survivors
