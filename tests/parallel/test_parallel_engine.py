@@ -10,9 +10,12 @@ from inferlab.parallel.tensor_parallel import tp_logits
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 
-def single(path, ps, **kw):
-    llm = LLM(path, dtype="float32", **kw)
-    return [o.token_ids for o in llm.generate(ps, GREEDY)]
+_REF = {}
+def single(path, ps):
+    "The single-process engine's greedy tokens (computed once per model and prompt set)."
+    key = (path, str(ps))
+    if key not in _REF: _REF[key] = [o.token_ids for o in LLM(path, dtype="float32").generate(ps, GREEDY)]
+    return _REF[key]
 
 def parallel(path, ps, **kw):
     with LLM(path, dtype="float32", **kw) as llm:

@@ -1,7 +1,7 @@
 "`inferlab serve --disaggregation`: the aggregated server's greedy text, KV moved for long prompts, survivable worker faults."
 import concurrent.futures as cf, os, signal, time
 import httpx, openai, pytest, torch
-from conftest import serve_process, metric
+from serve_helpers import serve_process, metric
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     "Mixed lengths: a third above 160 tokens (remote prefill at --max-local-prefill-length 96), the rest short."
@@ -41,11 +41,11 @@ def test_1p1d_equals_aggregated_and_moves_long_prompts():
 
 @pytest.mark.parametrize("spec,victim", [("1P1D", "inferlab-prefill-0"), ("1P2D", "inferlab-decode-1")])
 def test_a_dead_worker_never_hangs_a_request(spec, victim):
-    ps = prompts(60, seed=1)
+    ps = prompts(40, seed=1)
     with serve_process("--disaggregation", spec, *DISAGG) as (base, proc):
         pid = worker_pid(proc.pid, victim)
         with cf.ThreadPoolExecutor(1) as ex:
-            fut = ex.submit(complete_all, base, ps, 40)
+            fut = ex.submit(complete_all, base, ps, 32)
             time.sleep(1.5); os.kill(pid, signal.SIGKILL)
             results = fut.result(timeout=120)                    # every request answered: text or an error
         assert httpx.get(base + "/health").status_code == 200

@@ -1,7 +1,7 @@
 "Bad requests get OpenAI's error object naming the culprit; the server keeps serving; auth, backpressure, memory."
 import asyncio, json, time
 import httpx, openai, pytest, torch
-from conftest import metric, serve_process
+from serve_helpers import metric, serve_process
 
 MSGS = [{"role": "user", "content": "hi"}]
 C, CH = "/v1/completions", "/v1/chat/completions"

@@ -1,7 +1,7 @@
 "The server through the official `openai` client (sync and async, streaming and not), against a real `inferlab serve`."
 import asyncio, time
 import httpx, openai, pytest
-from conftest import metric
+from serve_helpers import metric
 
 MODEL = "tiny-dense"
 PROMPTS = ["def fibonacci(n):", "import os\n\ndef list_files(path):", "class Stack:\n    def __init__(self):",
