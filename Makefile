@@ -66,7 +66,7 @@ check-export: export
 ## test: everything CI runs: export check, the layering check (tools/check_layers.py), every notebook (one test each), tests/
 test: check-export
 	$(BIN)/python tools/check_layers.py
-	MPLBACKEND=Agg $(BIN)/python -m pytest tests
+	MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadscope tests
 
 ## docs: the site, built offline from the executed notebooks into _site/
 docs: install-docs

@@ -1,11 +1,23 @@
-"Every chapter is a test: run each notebook in nbs/ (cells flagged `slow` or `notest` skipped)."
+"""Every chapter is a test: run each notebook in nbs/ (cells flagged `slow` or `notest` skipped). One class per
+layer (decade of chapters), so that `pytest -n 2 --dist loadscope` (the README's command) spreads the layers over
+workers while each layer's chapters run in order in one process."""
 from pathlib import Path
 import pytest
 import nbdev.test as nbt   # not `from nbdev.test import test_nb`: pytest would collect it
 
 NBS = sorted(p for p in (Path(__file__).resolve().parents[1] / "nbs").glob("*.ipynb") if not p.name.startswith("_"))
 
-@pytest.mark.parametrize("nb", NBS, ids=[p.stem for p in NBS])
-def test_notebook(nb):
+def _layer(nb: Path) -> str:
+    return f"{nb.name[0]}x" if nb.name[0].isdigit() else "index"
+
+def _run(nb: Path):
     ok, secs = nbt.test_nb(nb, skip_flags=["notest", "slow"])
     assert ok, f"{nb.name} failed: its traceback is printed above"
+
+def _chapter_class(layer: str, nbs: list[Path]):
+    @pytest.mark.parametrize("nb", nbs, ids=[p.stem for p in nbs])
+    def test_notebook(self, nb): _run(nb)
+    return type(f"TestChapters{layer}", (), {"test_notebook": test_notebook, "__doc__": f"Chapters {layer}."})
+
+for _l in dict.fromkeys(map(_layer, NBS)):
+    globals()[f"TestChapters{_l}"] = _chapter_class(_l, [p for p in NBS if _layer(p) == _l])

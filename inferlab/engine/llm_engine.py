@@ -196,6 +196,30 @@ class LLMEngine:
         self._forget(request_id)
         return out
 
+    def add_prefilled(self, prompt_token_ids: list[int], first_token: int, write_kv, params=None,
+                      request_id: str | None = None) -> str:
+        """Queue a prompt whose KV was computed elsewhere (disaggregated prefill) and run it from its first token.
+        Blocks are allocated here (the prefix cache counts); `write_kv(block_table, fresh)` fills the `fresh` indices,
+        the blocks the cache did not already hold. Any failure leaves the engine as it was."""
+        params = as_params(params)
+        if params.logprobs is not None: raise ValueError("logprobs: not available for a prompt prefilled elsewhere")
+        rid = self.add_request(prompt_token_ids, params, request_id)
+        seq, sched, bm = self.requests[rid], self.scheduler, self.block_manager
+        sched.waiting.remove(seq)                # it skips the waiting queue: its prefill is done
+        hits = bm.prefix_hits(seq)
+        if not bm.can_allocate(seq, hits):
+            self._forget(rid)
+            raise ValueError(f"kv_cache: no room for {seq.num_prompt_tokens} prompt tokens on this engine now")
+        bm.allocate(seq, hits)
+        try: write_kv(seq.block_table, list(range(len(hits), bm.blocks_needed(seq.num_prompt_tokens))))
+        except Exception: sched.finish(seq, "error"); self._forget(rid); raise
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        bm.cache_computed_blocks(seq)            # later prompts with this prefix hit these blocks
+        seq.status, seq.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
+        sched.running.append(seq)
+        self._append_token(seq, first_token, None)   # may finish it at once (EOS, max_tokens=1)
+        return rid
+
     def _forget(self, request_id: str):
         "A finished request whose final output was returned leaves the engine: memory stays flat over any number."
         self.requests.pop(request_id, None); self.prompts.pop(request_id, None)

@@ -160,7 +160,7 @@ class KMajorLinear(nn.Module):
     def forward(self, x):  # [..., in] -> [..., out]
         if self.weight_np is not None and x.dtype == torch.float32 and x.numel() <= SMALL_STEP_TOKENS * x.shape[-1]:
             x2 = x.detach().reshape(-1, x.shape[-1]).contiguous().numpy()
-            y = torch.from_numpy(few_rows_matmul(x2, self.weight_np)).view(*x.shape[:-1], -1)   # OpenBLAS
+            y = torch.from_numpy(few_rows_matmul(x2, self.weight_np)).view(*x.shape[:-1], self.weight_np.shape[1])
         else: y = x @ self.weight_t
         return y if self.bias is None else y + self.bias
 

@@ -47,11 +47,12 @@ def init_distributed(rank: int | None = None, world_size: int | None = None, por
 
 # %% ../../nbs/40_collectives.ipynb #4266f09c
 def _portable(v, to_numpy: bool):
-    "Tensors (in lists, tuples, dicts) as NumPy arrays and back: a tensor sent through a queue lives in the sender's shared memory, gone when it exits."
+    """Tensors (in lists, tuples, dicts) as NumPy arrays and back: a tensor sent through a queue lives in the
+    sender's shared memory, gone when the sender exits."""
     if isinstance(v, (list, tuple)): return type(v)(_portable(x, to_numpy) for x in v)
     if isinstance(v, dict): return {k: _portable(x, to_numpy) for k, x in v.items()}
     if to_numpy and isinstance(v, torch.Tensor): return v.detach().cpu().numpy().copy()
-    if not to_numpy and type(v).__module__ == "numpy" and hasattr(v, "dtype") and hasattr(v, "shape"): return torch.from_numpy(v)
+    if not to_numpy and type(v).__module__ == "numpy" and type(v).__name__ == "ndarray": return torch.from_numpy(v)
     return v
 
 def _spmd_child(rank, world_size, port, backend, threads, fn, args, results):

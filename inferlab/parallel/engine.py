@@ -146,10 +146,11 @@ class DataParallelEngine:
         self.owner: dict[str, _Replica] = {}
 
     def add_request(self, prompt, params=None, request_id=None, priority: int = 0, arrival_time=None) -> str:
+        holder = self.owner.get(request_id)
+        if holder is not None and request_id in holder.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in flight")   # checked before any replica sees it
         replica = min(self.replicas, key=lambda r: len(r.requests))   # the least loaded rank takes it
         rid = replica.add_request(prompt, params, request_id, priority, arrival_time)
-        if rid in self.owner and self.owner[rid] is not replica and rid in self.owner[rid].requests:
-            replica.abort(rid); raise ValueError(f"request_id: {rid!r} is already in flight")
         self.owner[rid] = replica
         return rid
 

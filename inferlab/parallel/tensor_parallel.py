@@ -7,6 +7,7 @@ Docs: https://inferlab.github.io/inferlab/tensor_parallel.html.md"""
 # %% ../../nbs/41_tensor_parallel.ipynb #e8395177
 from __future__ import annotations
 import dataclasses, time
+from contextlib import contextmanager
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
@@ -18,7 +19,7 @@ from ..model.model import CausalLM, load_state_dict, materialize, load_weights
 
 # %% auto #0
 __all__ = ['ONE_SHOT_MAX_BYTES', 'ParallelConfig', 'kv_heads_of_rank', 'shard_config', 'vocab_shard', 'shard_tensor',
-           'one_shot_all_reduce_', 'all_reduce_', 'all_gather_last', 'measure_all_reduce', 'RowParallel',
+           'one_shot_all_reduce_', 'all_reduce_', 'all_gather_last', 'measure_all_reduce', 'comm_timer', 'RowParallel',
            'VocabParallelEmbedding', 'ParallelLMHead', 'tensor_parallel_modules', 'wrap_row_parallel',
            'load_model_shard', 'tp_logits', 'rank_footprint']
 
@@ -157,6 +158,13 @@ def measure_all_reduce(rank: int, world_size: int, sizes=(2**10, 2**14, 2**16, 2
     return out
 
 # %% ../../nbs/41_tensor_parallel.ipynb #bdea0ba3
+@contextmanager
+def comm_timer(module: nn.Module):
+    "Add the block's wall time to `module.comm_seconds` (chapter 44 sums them over the model per step)."
+    t0 = time.perf_counter()
+    try: yield
+    finally: module.comm_seconds += time.perf_counter() - t0
+
 class RowParallel(nn.Module):
     "A module whose output is each rank's partial sum (o_proj, the MLP, a TP MoE block); the all-reduce adds them."
     def __init__(self, inner: nn.Module, group=None):
@@ -165,9 +173,7 @@ class RowParallel(nn.Module):
 
     def forward(self, *args):
         y = self.inner(*args)
-        t0 = time.perf_counter()
-        all_reduce_(y, self.group)            # [tokens, hidden]: the one communication of the half-layer
-        self.comm_seconds += time.perf_counter() - t0
+        with comm_timer(self): all_reduce_(y, self.group)     # [tokens, hidden]: the half-layer's one communication
         return y
 
 class VocabParallelEmbedding(nn.Module):
@@ -181,9 +187,7 @@ class VocabParallelEmbedding(nn.Module):
         local = ids - self.start
         mine = (local >= 0) & (local < self.weight.shape[0])
         out = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * mine[..., None].to(self.weight.dtype)
-        t0 = time.perf_counter()
-        all_reduce_(out, self.group)
-        self.comm_seconds += time.perf_counter() - t0
+        with comm_timer(self): all_reduce_(out, self.group)
         return out
 
 class ParallelLMHead(nn.Module):
@@ -195,9 +199,7 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, h):                       # [n, dim] -> [n, vocab]
         local = F.linear(h, self.weight)                                         # [n, rows]
-        t0 = time.perf_counter()
-        logits = all_gather_last(local.reshape(-1, local.shape[-1]), self.group)  # [n, p·rows]
-        self.comm_seconds += time.perf_counter() - t0
+        with comm_timer(self): logits = all_gather_last(local.reshape(-1, local.shape[-1]), self.group)  # [n, p·rows]
         return logits.view(*local.shape[:-1], -1)[..., :self.vocab_size]
 
 # %% ../../nbs/41_tensor_parallel.ipynb #ceb29186

@@ -54,11 +54,15 @@ def _token_ids(tokenizer, text: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text))
 
 def serve_requests(tokenizer, n: int = 200, seed: int = 0, prompt_len=(16, 512), output_len=(64, 0.5, 1, 256),
-                   text: str | None = None) -> list[tuple[list[int], int]]:
+                   text: str | None = None, long=(0.0, 1024, 1900)) -> list[tuple[list[int], int]]:
     """`n` requests `(prompt_ids, max_tokens)`. Prompts: windows of `text` (default: the held-out corpus,
-    `read_corpus("valid")`) tokenized by `tokenizer`, lengths uniform in `prompt_len = (lo, hi)`. max_tokens:
-    lognormal, `output_len = (mean, sigma, lo, hi)`. The same `seed`, the same requests."""
+    `read_corpus("valid")`) tokenized by `tokenizer`, lengths uniform in `prompt_len = (lo, hi)`, except that a
+    fraction `long = (fraction, lo, hi)` of them, drawn at random, are long (uniform in that range): long prompts
+    mixed into steady decoding, the interference workload of chapter 55. max_tokens: lognormal,
+    `output_len = (mean, sigma, lo, hi)`. The same `seed`, the same requests."""
     n, (plo, phi) = _int(n, "n"), _range(prompt_len, "prompt_len")
+    frac, (llo, lhi) = 0.0 if long[0] == 0 else _real(long[0], "long_fraction"), _range(long[1:], "long_len")
+    if frac > 1: raise ValueError(f"long_fraction: must be in [0, 1], got {frac}")
     try: mean, sigma, olo, ohi = output_len
     except (TypeError, ValueError): raise ValueError(f"output_len: expected (mean, sigma, lo, hi), got {output_len!r}") from None
     olo, ohi = _range((olo, ohi), "output_len")
@@ -66,8 +70,10 @@ def serve_requests(tokenizer, n: int = 200, seed: int = 0, prompt_len=(16, 512),
     sigma = 0.0 if sigma == 0 else _real(sigma, "output_len")
     ids = _token_ids(tokenizer, read_corpus("valid") if text is None else text)
     if len(ids) < phi: raise ValueError(f"prompt_len: the text has {len(ids)} tokens, fewer than hi = {phi}")
+    if frac and len(ids) < lhi: raise ValueError(f"long_len: the text has {len(ids)} tokens, fewer than hi = {lhi}")
     rng = np.random.default_rng(seed)
     lens = rng.integers(plo, phi + 1, n)                     # [n] prompt lengths, uniform in [lo, hi]
+    if frac: lens = np.where(rng.random(n) < frac, rng.integers(llo, lhi + 1, n), lens)   # (no draws when 0: same runs)
     starts = rng.integers(0, len(ids) - lens + 1)            # [n] window starts
     outs = output_lengths(n, mean, sigma, olo, ohi, rng)     # [n] max_tokens
     return [(list(ids[s:s + k]), int(o)) for s, k, o in zip(starts, lens, outs)]
@@ -320,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-concurrency", type=int, default=None, help="cap on requests in flight (default: none)")
     a("--seed", type=int, default=0, help="seed of the workload and of the arrivals (default 0)")
     a("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("LO", "HI"), help="prompt tokens, uniform (default 16 512)")
+    a("--long-fraction", type=float, default=0.0, metavar="F", help="this fraction of the prompts are long (default 0)")
+    a("--long-len", type=int, nargs=2, default=[1024, 1900], metavar=("LO", "HI"), help="long prompts' tokens, uniform (default 1024 1900)")
     a("--output-len", type=int, default=64, metavar="MEAN", help="mean max_tokens, lognormal in [1, 4 MEAN] (default 64)")
     a("--goodput", nargs="+", default=None, metavar="KEY:MS", help="SLOs in ms, KEY among ttft, tpot, e2el")
     a("--out", default=None, metavar="FILE", help="write the report and the per-request records as JSON")
@@ -335,7 +343,8 @@ def check_args(a: argparse.Namespace) -> dict[str, float]:
         _int(v, flag)
     _real(a.request_rate, "--request-rate", inf_ok=True); _real(a.burstiness, "--burstiness")
     if a.max_concurrency is not None: _int(a.max_concurrency, "--max-concurrency")
-    _range(a.prompt_len, "--prompt-len")
+    _range(a.prompt_len, "--prompt-len"); _range(a.long_len, "--long-len")
+    if not 0 <= a.long_fraction <= 1: raise ValueError(f"--long-fraction: must be in [0, 1], got {a.long_fraction}")
     if a.out is not None and not Path(a.out).resolve().parent.is_dir():
         raise ValueError(f"--out: the folder of {a.out!r} does not exist")
     return parse_goodput(a.goodput)
@@ -356,7 +365,8 @@ def write_results(path, rep: dict, run: BenchRun, args: dict):
 def _run_cli(a: argparse.Namespace, make_llm=None) -> tuple[dict, BenchRun]:
     slo = check_args(a)
     out_len = (a.output_len, 0.5, 1, 4 * a.output_len)
-    reqs = serve_requests(load_tokenizer(resolve_model_path(a.model)), a.num_prompts, a.seed, tuple(a.prompt_len), out_len)
+    reqs = serve_requests(load_tokenizer(resolve_model_path(a.model)), a.num_prompts, a.seed, tuple(a.prompt_len), out_len,
+                          long=(a.long_fraction, *a.long_len))
     run = benchmark(a.base_url, reqs, model_name=a.model_name, request_rate=a.request_rate, burstiness=a.burstiness,
                     max_concurrency=a.max_concurrency, seed=a.seed, api_key=a.api_key)
     rep = summarize(run, slo)

@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/disagg.html.md"""
 
 # %% ../../nbs/57_disagg.ipynb #5f1d1545
 from __future__ import annotations
-import argparse, ctypes, dataclasses, json, os, secrets, subprocess, sys, time
+import argparse, ctypes, dataclasses, json, os, secrets, socket, subprocess, sys, time
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Listener, Client, wait
@@ -20,13 +20,21 @@ from ..engine.llm_engine import LLMEngine, EngineConfig, RequestOutput, RequestM
 from .kv_transfer import KVPayload, PrefillEngine, adopt, _DTYPES
 
 # %% auto #0
-__all__ = ['LEASE_S', 'send', 'recv', 'params_dict', 'write_payload', 'read_payload', 'decode_loop', 'prefill_loop',
+__all__ = ['LEASE_S', 'send', 'no_delay', 'recv', 'params_dict', 'write_payload', 'read_payload', 'decode_loop', 'prefill_loop',
            'worker_main']
 
 # %% ../../nbs/57_disagg.ipynb #37e7cdbc
 LEASE_S = 30.0                          # a KV segment nobody adopted is unlinked after this (vLLM's NIXL lease)
 
 def send(conn, msg: dict): conn.send_bytes(json.dumps(msg).encode())
+
+def no_delay(conn):
+    """Turn Nagle's algorithm off on a TCP `Connection`: messages here are small and frequent, and Nagle holding one
+    until the previous is acknowledged, against the peer's delayed ACK, stalls a token stream by 40 ms at a time."""
+    s = socket.socket(fileno=os.dup(conn.fileno()))                # the same socket; closing the dup leaves it open
+    try: s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally: s.close()
+    return conn
 def recv(conn) -> dict: return json.loads(conn.recv_bytes())
 
 def params_dict(p: SamplingParams) -> dict: return dataclasses.asdict(p)
@@ -126,10 +134,12 @@ def worker_main(argv=None):
     ap = argparse.ArgumentParser(prog="inferlab-worker")
     ap.add_argument("name"); ap.add_argument("--address", required=True); ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default=None); ap.add_argument("--engine", default="{}")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads of this worker's torch (default: torch's)")
     a = ap.parse_args(argv)
     _set_process_name(a.name)
+    if a.threads: torch.set_num_threads(a.threads)                 # workers sharing a host split its cores
     host, port = a.address.rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("INFERLAB_AUTHKEY")))
+    conn = no_delay(Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("INFERLAB_AUTHKEY"))))
     role = a.name.split("-")[1]
     kind = PrefillEngine if role == "prefill" else LLMEngine
     engine = kind.from_pretrained(a.model, dtype=a.dtype, **json.loads(a.engine))

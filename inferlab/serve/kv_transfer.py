@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from ..engine.llm_engine import LLMEngine
-from ..engine.sequence import SequenceStatus
 from ..engine.paged_attention import KV_CACHE_DTYPES
 from ..model.sampling import SamplingParams
 
@@ -89,30 +88,13 @@ def prefill(engine: PrefillEngine, prompts: list[list[int]], params: SamplingPar
 # %% ../../nbs/56_kv_transfer.ipynb #65075b66
 def adopt(engine: LLMEngine, payload: KVPayload, params: SamplingParams | None = None, request_id: str | None = None) -> str:
     "Continue a prefilled prompt on `engine` from its payload; returns the request id (`step()` produces the rest)."
-    params = params or SamplingParams()
-    if params.logprobs is not None: raise ValueError("logprobs: not available for a prompt prefilled elsewhere")
-    rid = engine.add_request(payload.prompt_token_ids, params, request_id)
-    seq, sched, bm = engine.requests[rid], engine.scheduler, engine.block_manager
-    sched.waiting.remove(seq)
-    hits = bm.prefix_hits(seq)
-    if not bm.can_allocate(seq, hits):
-        engine._forget(rid)
-        raise ValueError(f"kv_cache: no room for {len(payload.prompt_token_ids)} prompt tokens on this engine now")
-    bm.allocate(seq, hits)
-    n = bm.blocks_needed(seq.num_prompt_tokens)
-    if payload.kv.shape[2] != n:
-        sched.finish(seq, "error"); engine._forget(rid)
-        raise ValueError(f"kv: {payload.kv.shape[2]} blocks for a {seq.num_prompt_tokens}-token prompt (expected {n})")
-    fresh = list(range(len(hits), n))                        # blocks the prefix cache did not already have
-    if fresh:
-        try: scatter_kv(engine, [seq.block_table[i] for i in fresh], payload.kv[:, :, fresh], payload.scales)
-        except ValueError: sched.finish(seq, "error"); engine._forget(rid); raise
-    seq.num_computed_tokens = seq.num_prompt_tokens
-    bm.cache_computed_blocks(seq)
-    seq.status, seq.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
-    sched.running.append(seq)
-    engine._append_token(seq, payload.first_token, None)    # may finish it at once (EOS, max_tokens=1)
-    return rid
+    def write_kv(block_table, fresh):                        # fresh: blocks the prefix cache did not already have
+        n = len(block_table)
+        if payload.kv.shape[2] != n:
+            raise ValueError(f"kv: {payload.kv.shape[2]} blocks for a {len(payload.prompt_token_ids)}-token prompt "
+                             f"(expected {n})")
+        if fresh: scatter_kv(engine, [block_table[i] for i in fresh], payload.kv[:, :, fresh], payload.scales)
+    return engine.add_prefilled(payload.prompt_token_ids, payload.first_token, write_kv, params, request_id)
 
 # %% ../../nbs/56_kv_transfer.ipynb #b94cf345
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16] + list(dict.fromkeys(KV_CACHE_DTYPES.values()))

@@ -15,7 +15,7 @@ from ..model.generate import check_prompt
 from ..model.tokenizer import load_tokenizer
 from ..engine.llm_engine import EngineConfig, RequestOutput, RequestMetrics, as_params
 from ..engine.block_manager import block_hash
-from .disagg import send, recv, params_dict
+from .disagg import send, recv, params_dict, no_delay
 
 # %% auto #0
 __all__ = ['parse_disaggregation', 'prompt_hashes', 'remote_prefill', 'Worker', 'Route', 'start_workers', 'DisaggRouter']
@@ -70,8 +70,11 @@ class Route:
     started: bool = False
 
 def start_workers(path, num_prefill: int, num_decode: int, dtype=None, engine: dict | None = None,
-                  timeout_s: float = 180.0) -> tuple[list[Worker], Listener]:
-    "Spawn the worker processes and wait until each has built its engine."
+                  timeout_s: float = 180.0, threads: int | None = None) -> tuple[list[Worker], Listener]:
+    """Spawn the worker processes and wait until each has built its engine. On one host they split its cores:
+    `threads` each (default: cores // workers, at least 1), so that a prefill does not take the decode worker's
+    cores (oversubscribed OpenMP threads slow every step)."""
+    threads = threads or max(1, (os.cpu_count() or 1) // (num_prefill + num_decode))
     key = secrets.token_bytes(16)
     listener = Listener(("127.0.0.1", 0), authkey=key)
     port = listener.address[1]
@@ -79,10 +82,10 @@ def start_workers(path, num_prefill: int, num_decode: int, dtype=None, engine: d
     workers = {}
     for n in names:
         cmd = [sys.executable, "-m", "inferlab.serve.disagg", n, "--address", f"127.0.0.1:{port}", "--model", str(path),
-               "--engine", json.dumps(engine or {})] + (["--dtype", str(dtype)] if dtype else [])
+               "--engine", json.dumps(engine or {}), "--threads", str(threads)] + (["--dtype", str(dtype)] if dtype else [])
         workers[n] = Worker(n, subprocess.Popen(cmd, env={**os.environ, "INFERLAB_AUTHKEY": key.hex()}))
     conns: list = []
-    acceptor = threading.Thread(target=lambda: [conns.append(listener.accept()) for _ in names], daemon=True)
+    acceptor = threading.Thread(target=lambda: [conns.append(no_delay(listener.accept())) for _ in names], daemon=True)
     acceptor.start()
     deadline, pending, waiting = time.monotonic() + timeout_s, dict(workers), []
     try:

@@ -147,3 +147,17 @@ def test_generate_cli_with_an_empty_prompt_exits_cleanly(capsys):
     assert main(["generate", "", "--max-tokens", "4"]) == 2          # the error, then no summary and no traceback
     err = capsys.readouterr()
     assert "prompt: is empty" in err.out + err.err and "Traceback" not in err.out + err.err
+
+def test_add_prefilled_failure_leaves_engine_as_it_was(llm):
+    "A KV write that fails (a bad transfer) or a refused parameter leaves no request and no block behind."
+    eng, free0 = llm.engine, llm.engine.block_manager.num_free_blocks
+    ids = eng.tokenizer.encode("def add(a, b):\n    return a + b\n" * 4)
+    seen = []
+    def broken(block_table, fresh):
+        seen.append((len(block_table), fresh)); raise ValueError("kv: transfer broke")
+    with pytest.raises(ValueError, match="transfer broke"): eng.add_prefilled(ids, 7, broken, G)
+    n = -(-len(ids) // eng.config.block_size)
+    assert seen[0][0] == n and seen[0][1] == list(range(n - len(seen[0][1]), n))
+    with pytest.raises(ValueError, match="logprobs"):
+        eng.add_prefilled(ids, 7, lambda *a: None, SamplingParams(temperature=0, logprobs=2))
+    _clean(llm, free0)

@@ -20,8 +20,16 @@ def single(path, ps):
 def parallel(path, ps, **kw):
     with LLM(path, dtype="float32", **kw) as llm:
         outs = llm.generate(ps, GREEDY)
+        if kw.get("data_parallel_size", 1) > 1: _duplicate_id_refused(llm.engine, ps[0])
     assert all(o.error is None for o in outs), [o.error for o in outs if o.error][:1]
     return [o.token_ids for o in outs]
+
+def _duplicate_id_refused(eng, prompt):
+    "A request id in flight on one replica is refused before any replica sees the second copy."
+    eng.add_request(prompt, GREEDY, "dup")
+    with pytest.raises(ValueError, match="request_id: 'dup' is already in flight"): eng.add_request(prompt, GREEDY, "dup")
+    assert sum("dup" in r.requests for r in eng.replicas) == 1
+    while eng.has_unfinished(): eng.step()
 
 def logits_error(path, ids, fn, *args) -> float:
     ref = load_model(path, dtype=torch.float32, device="cpu")

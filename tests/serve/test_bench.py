@@ -110,11 +110,22 @@ def test_serve_requests(tok):
     for p, m in serve_requests(tok, 5, seed=0, prompt_len=(10, 20), output_len=(8, 0.0, 8, 8), text=text):
         assert 10 <= len(p) <= 20 and m == 8 and any(ids[s:s + len(p)] == p for s in range(len(ids) - len(p) + 1))
 
+def test_serve_requests_long_mix(tok):
+    "A fraction of long prompts mixed into short ones; the short ones are those of the unmixed run's lengths range."
+    plain, mixed = serve_requests(tok, 400, seed=3, prompt_len=(16, 64)), serve_requests(tok, 400, seed=3, prompt_len=(16, 64), long=(0.25, 1000, 1200))
+    lens = np.array([len(p) for p, _ in mixed])
+    long = (lens >= 1000) & (lens <= 1200)
+    assert 0.18 < long.mean() < 0.32 and np.all((lens[~long] >= 16) & (lens[~long] <= 64))
+    assert serve_requests(tok, 400, seed=3, prompt_len=(16, 64), long=(0.0, 1000, 1200)) == plain
+
 @pytest.mark.parametrize("kw, name", [(dict(n=0), "n"), (dict(prompt_len=(64, 16)), "prompt_len"),
                                       (dict(prompt_len=(0, 16)), "prompt_len"), (dict(output_len=(64, 0.5, 1)), "output_len"),
                                       (dict(output_len=(500, 0.5, 1, 256)), "output_len"),
                                       (dict(output_len=(64, -1, 1, 256)), "output_len"),
-                                      (dict(prompt_len=(16, 10**7)), "prompt_len")])
+                                      (dict(prompt_len=(16, 10**7)), "prompt_len"),
+                                      (dict(long=(1.5, 100, 200)), "long_fraction"),
+                                      (dict(long=(-0.1, 100, 200)), "long_fraction"),
+                                      (dict(long=(0.2, 300, 200)), "long_len")])
 def test_serve_requests_validation(tok, kw, name):
     with pytest.raises(ValueError, match=name): serve_requests(tok, **({"n": 3} | kw))
 
