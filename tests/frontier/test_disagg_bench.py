@@ -1,11 +1,13 @@
 """The served benchmark's harness: a real `inferlab serve` per mode, alternating repeats, metrics scraped, the
 server stopped (never left behind); a server that cannot start is a clear error, not a hang."""
-import os
+import contextlib, os
+from types import SimpleNamespace
 import pytest
 from inferlab.model.tokenizer import load_tokenizer
 from inferlab.serve.bench import serve_requests
 from inferlab.fleet.replica import StepTimeModel
-from inferlab.frontier.disagg_bench import bench_modes, median_rows, served, sim_modes
+import inferlab.frontier.disagg_bench as db
+from inferlab.frontier.disagg_bench import served, sim_modes
 
 def _servers() -> int:
     "This process's live `inferlab serve` children, from /proc."
@@ -17,17 +19,29 @@ def _servers() -> int:
         n += fields[1] == str(os.getpid()) and fields[0] != "Z" and "\0serve\0" in cmd
     return n
 
-def test_bench_modes_alternates_and_reads_metrics():
-    before = _servers()
+def test_bench_modes_alternates_the_order(monkeypatch):
+    "A B, then B A: drift on the machine falls on every mode alike (the servers faked: the order is the point)."
+    started = []
+    @contextlib.contextmanager
+    def fake_served(args): started.append(args[0]); yield "http://fake"
+    monkeypatch.setattr(db, "served", fake_served)
+    monkeypatch.setattr(db, "benchmark", lambda base, reqs, **kw: SimpleNamespace(results=[]))
+    monkeypatch.setattr(db, "scrape", lambda base, name: 0.0)
+    monkeypatch.setattr(db, "summarize", lambda run: dict(failed=0, **{k: 1.0 for k in db.KEYS}))
+    rows = db.bench_modes([([1], 1)] * 3, {"a": ["A"], "b": ["B"]}, repeats=3, log=None)
+    assert [(r["repeat"], r["mode"]) for r in rows] == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+    assert started == ["A", "B", "B", "A", "A", "B"]
+    assert set(db.median_rows(rows)) == {"a", "b"}
+
+def test_bench_modes_against_a_real_server():
+    "One real `inferlab serve`: the figures come back, /metrics is read, and the server is gone when its row is."
+    before, seen = _servers(), []
     reqs = serve_requests(load_tokenizer(), 6, seed=0, prompt_len=(16, 32), output_len=(4, 0, 4, 4))
-    modes = {"a": ["--max-num-batched-tokens", "64"], "b": ["--max-num-seqs", "2"]}
-    seen = []                                           # servers alive when each row is logged: none, each was stopped
-    rows = bench_modes(reqs, modes, repeats=2, request_rate=20, log=lambda line: seen.append(_servers()))
-    assert [(r["repeat"], r["mode"]) for r in rows] == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
-    assert all(r["failed"] == 0 and r["kv_bytes"] == 0 and r["output_throughput"] > 0 for r in rows)
-    med = median_rows(rows)
-    assert set(med) == {"a", "b"} and med["a"]["p99_itl_ms"] >= med["a"]["median_itl_ms"] > 0
-    assert seen == [before] * 4 and _servers() == before
+    rows = db.bench_modes(reqs, {"a": ["--max-num-batched-tokens", "64"]}, repeats=1, request_rate=20,
+                          log=lambda line: seen.append(_servers()))
+    (r,) = rows
+    assert r["failed"] == 0 and r["kv_bytes"] == 0 and r["output_throughput"] > 0 and r["p99_itl_ms"] >= r["median_itl_ms"] > 0
+    assert seen == [before] and _servers() == before
 
 def test_a_server_that_cannot_start_is_an_error():
     with pytest.raises(RuntimeError, match="exited"):
