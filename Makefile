@@ -73,10 +73,12 @@ docs: install-docs
 	MPLBACKEND=Agg $(BIN)/python docs/build.py
 
 ## docs-check: build the site, then load every page in headless Chromium (Debian's chromium, driven by Playwright):
-## console errors, failed requests, MathJax errors, broken links or anchors, code clipped at 1440 px
+## console errors, failed requests, MathJax errors, broken links or anchors, code clipped at 1440 px; then one
+## chapter in JupyterLab, headless, with a widget's knob turned (tools/lab_check.py)
 docs-check: docs
 	@command -v chromium >/dev/null || { apt-get install -y -q chromium >/dev/null || { echo "docs-check needs Debian's chromium (apt-get install chromium)"; exit 1; }; }
 	$(BIN)/python tools/docs_check.py --site _site
+	$(BIN)/python tools/lab_check.py
 
 ## wheel-check: build the wheel, install it into a fresh venv outside the repository, generate there
 wheel-check: install-dev

@@ -77,13 +77,38 @@ def check(site: Path, width: int = 1440, timeout_ms: int = 60_000) -> dict:
     return per_page
 
 
+def screenshots(site: Path, specs: list[str], width: int = 1440):
+    "`PAGE#ID=OUT.png`: the window scrolled so that element ID of PAGE is at the top, as a reader lands on it."
+    from playwright.sync_api import sync_playwright
+    httpd = serve(site)
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            for spec in specs:
+                target, out = spec.split("=", 1)
+                page = browser.new_page(viewport={"width": width, "height": 1000})
+                page.goto(base + target, wait_until="networkidle")
+                page.evaluate(PROBE)                                  # MathJax done
+                page.evaluate("id => document.getElementById(id).scrollIntoView()", urlparse(target).fragment)
+                page.wait_for_timeout(300)
+                page.screenshot(path=out)
+                print(f"screenshot: {target} -> {out}")
+                page.close()
+            browser.close()
+    finally: httpd.shutdown()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--site", default=str(ROOT / "_site"))
     ap.add_argument("--width", type=int, default=1440, help="window width for the clipped-code check (px)")
+    ap.add_argument("--screenshot", action="append", default=[], metavar="PAGE#ID=OUT.png",
+                    help="also save the window at that element (repeatable)")
     a = ap.parse_args(argv)
     site, t0 = Path(a.site), time.time()
     if not (site / "index.html").exists(): print(f"{site}: no built site (run make docs)"); return 2
+    if a.screenshot: screenshots(site, a.screenshot, a.width)
     res = check(site, a.width)
     totals = {k: 0 for k in ("console", "requests", "mathjax", "broken", "clipped")}
     for name, r in res.items():
