@@ -6,6 +6,7 @@ Docs: https://inferlab.github.io/inferlab/tuning.html.md"""
 
 # %% ../../nbs/67_tuning.ipynb #3f381e45
 from __future__ import annotations
+import numpy as np
 from tqdm.auto import tqdm
 from .traffic import Workload, make_workload, Diurnal, Spike
 from .replica import ReplicaSpec, replica_from_roofline
@@ -13,7 +14,7 @@ from .autoscale import TrafficBased
 from .sim import simulate
 
 # %% auto #0
-__all__ = ['DAY_REPLICA', 'day_workload', 'delay_tradeoff', 'pareto_front', 'sweep', 'compare_policies']
+__all__ = ['DAY_REPLICA', 'day_workload', 'delay_tradeoff', 'pareto_mask', 'pareto_front', 'sweep', 'compare_policies']
 
 # %% ../../nbs/67_tuning.ipynb #0bc48b83
 def day_workload(traffic: str = "conversation", rate: float = 8.0, hours: float = 4.0, seed: int = 0,
@@ -38,14 +39,29 @@ def delay_tradeoff(w: Workload, replica: ReplicaSpec, delays, **knobs) -> list[d
     return out
 
 # %% ../../nbs/67_tuning.ipynb #bceafd54
-def pareto_front(rows: list[dict], minimize=(), maximize=()) -> list[dict]:
-    "The rows no other row matches or beats on every objective (of equal rows, the first), by the first objective."
+def _objective(r: dict, k: str, i: int) -> float:
+    v = r.get(k) if isinstance(r, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        raise ValueError(f"{k}: row {i} has {v!r}, not a number")
+    return float(v)
+
+def pareto_mask(rows: list[dict], minimize=(), maximize=()) -> list[bool]:
+    """For each row, whether it is non-dominated: no other row is at least as good on every objective and better on
+    one. Rows that tie are all kept."""
     if not minimize and not maximize: raise ValueError("minimize, maximize: name at least one objective")
+    if not rows: return []
+    K = np.array([[_objective(r, k, i) for k in minimize] + [-_objective(r, k, i) for k in maximize]
+                  for i, r in enumerate(rows)])                                # [n, objectives], smaller is better
+    le, lt = (K[:, None] <= K[None]).all(-1), (K[:, None] < K[None]).any(-1)    # [j, i]: j vs i
+    return (~(le & lt).any(0)).tolist()
+
+def pareto_front(rows: list[dict], minimize=(), maximize=()) -> list[dict]:
+    "The non-dominated rows (of rows that tie, the first), sorted by the first objective."
+    mask = pareto_mask(rows, minimize, maximize)
     key = lambda r: tuple(r[k] for k in minimize) + tuple(-r[k] for k in maximize)   # smaller is better
-    front = []
-    for r in sorted(rows, key=key):
-        kr = key(r)
-        if not any(all(a <= b for a, b in zip(key(f), kr)) for f in front): front.append(r)
+    front, seen = [], set()
+    for r, on in sorted(zip(rows, mask), key=lambda x: key(x[0])):
+        if on and key(r) not in seen: front.append(r); seen.add(key(r))
     return front
 
 # %% ../../nbs/67_tuning.ipynb #79afd433

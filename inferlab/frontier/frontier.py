@@ -6,13 +6,14 @@ Docs: https://inferlab.github.io/inferlab/frontier.html.md"""
 
 # %% ../../nbs/72_frontier.ipynb #cc09bdbb
 from __future__ import annotations
-import time
+import argparse, json, sys, time
 import torch
+from ..fleet.tuning import pareto_mask
 from ..model.sampling import SamplingParams
 from ..engine.llm_engine import LLMEngine, EngineConfig
 
 # %% auto #0
-__all__ = ['batch_sweep']
+__all__ = ['FRONTIER_AXES', 'batch_sweep', 'read_rows', 'mark_frontier', 'frontier_table', 'plot_frontier', 'frontier_main']
 
 # %% ../../nbs/72_frontier.ipynb #89e4017c
 def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64, output_len: int = 32,
@@ -34,3 +35,67 @@ def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64
                          e2e_s=sum(s.finish_time - s.arrival_time for s in seqs) / len(seqs),
                          mean_running=sum(running) / len(running), steps=eng.num_steps))
     return rows
+
+# %% ../../nbs/72_frontier.ipynb #10b94201
+FRONTIER_AXES = dict(maximize=("output_throughput", "top1_agreement"), minimize=("tpot_p50",))
+
+def read_rows(path) -> list[dict]:
+    "The JSON lines of a sweep; a line that is not a JSON object is an error naming the file and line."
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip(): continue
+            try: r = json.loads(line)
+            except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+            if not isinstance(r, dict): raise ValueError(f"{path}:{n}: expected a JSON object, got {type(r).__name__}")
+            rows.append(r)
+    return rows
+
+def mark_frontier(rows: list[dict], maximize=FRONTIER_AXES["maximize"], minimize=FRONTIER_AXES["minimize"]) -> list[dict]:
+    "Every row, in order, with `pareto`: whether it is non-dominated on the axes."
+    return [r | {"pareto": on} for r, on in zip(rows, pareto_mask(rows, minimize=minimize, maximize=maximize))]
+
+# %% ../../nbs/72_frontier.ipynb #a845bea0
+def frontier_table(rows: list[dict], axes: list[str]) -> str:
+    "The frontier rows as a text table: each axis, then the configuration's knobs."
+    on = sorted((r for r in rows if r.get("pareto")), key=lambda r: -r[axes[0]])
+    lines = ["  ".join(f"{a:>18}" for a in axes) + "  config"]
+    for r in on:
+        lines.append("  ".join(f"{r[a]:>18.4g}" for a in axes) + "  " + json.dumps(r.get("config", {}), sort_keys=True))
+    return "\n".join(lines)
+
+def plot_frontier(rows: list[dict], path=None, quality: str = "top1_agreement"):
+    "InferenceMAX's chart: output tokens/s per machine against interactivity (1/TPOT per user), quality as colour."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x, y = [1 / r["tpot_p50"] for r in rows], [r["output_throughput"] for r in rows]
+    sc = ax.scatter(x, y, c=[r.get(quality, 1.0) for r in rows], cmap="viridis", s=28)
+    on = sorted((r for r in rows if r.get("pareto")), key=lambda r: 1 / r["tpot_p50"])
+    ax.plot([1 / r["tpot_p50"] for r in on], [r["output_throughput"] for r in on], "r-", lw=1, label="frontier")
+    ax.set(xlabel="interactivity (tokens/s per user = 1/TPOT)", ylabel="output tokens/s per machine")
+    fig.colorbar(sc, label=quality); ax.legend(fontsize=8); plt.tight_layout()
+    if path: fig.savefig(path, dpi=120); plt.close(fig)
+    return fig
+
+# %% ../../nbs/72_frontier.ipynb #93d57c21
+def frontier_main(argv: list[str] | None = None) -> int:
+    "`inferlab frontier results.jsonl`: mark, print, and write the marked rows and the chart."
+    ap = argparse.ArgumentParser(prog="inferlab frontier", description="Mark the non-dominated rows of a sweep.")
+    ap.add_argument("results", help="a sweep's JSON lines (inferlab sweep --out)")
+    ap.add_argument("--maximize", default=",".join(FRONTIER_AXES["maximize"]), help="axes to maximize, comma-separated")
+    ap.add_argument("--minimize", default=",".join(FRONTIER_AXES["minimize"]), help="axes to minimize, comma-separated")
+    ap.add_argument("--out", default=None, help="write every row with its 'pareto' mark as JSON lines")
+    ap.add_argument("--plot", default=None, help="save the throughput vs interactivity chart (PNG)")
+    a = ap.parse_args(argv)
+    split = lambda s: tuple(x for x in s.split(",") if x)
+    try:
+        rows = mark_frontier(read_rows(a.results), split(a.maximize), split(a.minimize))
+        if a.plot: plot_frontier(rows, a.plot)
+    except (ValueError, FileNotFoundError, KeyError, ZeroDivisionError) as e:
+        print(f"inferlab frontier: error: {e}", file=sys.stderr); return 2
+    print(f"{sum(r['pareto'] for r in rows)} of {len(rows)} configurations on the frontier "
+          f"(maximize {a.maximize}; minimize {a.minimize})")
+    print(frontier_table(rows, [*split(a.maximize), *split(a.minimize)]))
+    if a.out:
+        with open(a.out, "w") as f: f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0

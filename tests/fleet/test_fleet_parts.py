@@ -9,7 +9,7 @@ from inferlab.fleet.replica import (ReplicaSpec, ReplicaState, replica_from_roof
 from inferlab.fleet.autoscale import Controller, TrafficBased, KPA, replay
 from inferlab.fleet.sim import FleetSimulator, simulate
 from inferlab.fleet.traffic import make_workload
-from inferlab.fleet.tuning import pareto_front
+from inferlab.fleet.tuning import pareto_front, pareto_mask
 
 
 def _dominated(r, rows, minimize, maximize):
@@ -30,6 +30,14 @@ def test_pareto_front_matches_definition(objectives):
         assert {values(r) for r in front} == expected and len(front) == len(expected)   # one row per point
         first = [r[(minimize or maximize)[0]] for r in front]
         assert first == sorted(first, reverse=not minimize)
+
+def test_pareto_mask_marks_exactly_the_non_dominated_rows():
+    rng = random.Random(1)
+    for _ in range(300):
+        rows = [{k: rng.randint(0, 4) for k in ("a", "b", "c")} for _ in range(rng.randint(0, 12))]
+        mask = pareto_mask(rows, ["c"], ["a", "b"])
+        assert mask == [not _dominated(r, rows, ["c"], ["a", "b"]) for r in rows]     # ties all stay on
+    with pytest.raises(ValueError, match="tok_s: row 1 has None"): pareto_mask([{"tok_s": 1}, {"tok_s": None}], maximize=["tok_s"])
 
 def test_pareto_front_old_call_sites():
     # chapter 64's cost/SLO front and chapter 72's latency/throughput front, as before
