@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "speculation (chapter 73); `bench serve`: load against an OpenAI-compatible server (chapter 53)")
     sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 19; "
                    "`make bench-vllm` sets up vLLM's environment)")
+    sub.add_parser("sweep", add_help=False, help="measure a grid of engine configurations, one JSON line each "
+                   "(chapter 76); `inferlab sweep --help` lists its options")
     sub.add_parser("frontier", add_help=False, help="mark the non-dominated rows of a sweep's JSON lines, print and plot "
                    "them (chapter 72); `inferlab frontier --help` lists its options")
     return p
@@ -169,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench-vllm"]:
         from inferlab.frontier.vs_vllm import main as vs_vllm_main
         return vs_vllm_main(argv[1:])
+    if argv[:1] == ["sweep"]:
+        from inferlab.frontier.sweep import sweep_main
+        return sweep_main(argv[1:])
     if argv[:1] == ["frontier"]:
         from inferlab.frontier.frontier import frontier_main
         return frontier_main(argv[1:])
