@@ -172,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         from inferlab.frontier.vs_vllm import main as vs_vllm_main
         return vs_vllm_main(argv[1:])
     if argv[:1] == ["sweep"]:
-        from inferlab.frontier.sweep import sweep_main
-        return sweep_main(argv[1:])
+        from inferlab.llm import build_engine
+        from inferlab.frontier.sweep import sweep_main                # the facade's engine factory goes in (76)
+        return sweep_main(argv[1:], make_engine=build_engine)
     if argv[:1] == ["frontier"]:
         from inferlab.frontier.frontier import frontier_main
         return frontier_main(argv[1:])

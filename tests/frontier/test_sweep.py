@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import inferlab.frontier.sweep as sw
 from inferlab.cli import main
+from inferlab.llm import build_engine
 
 def test_grid_spans_every_knob():
     g = sw.default_grid()
@@ -26,14 +27,14 @@ def test_sweep_is_resumable(tmp_path, monkeypatch):
     def fake(config, *a, **k):
         calls.append(config); return dict(config=config, output_throughput=1.0)
     monkeypatch.setattr(sw, "measure_config", fake)
-    monkeypatch.setattr(sw, "reference", lambda prompts, model=None: ([], []))
+    monkeypatch.setattr(sw, "reference", lambda prompts, make_engine, model=None: ([], []))
     out, g = tmp_path / "r.jsonl", sw.default_grid((4, 8))[:5]
-    assert len(sw.sweep(g[:3], out, progress=False)) == 3
-    assert len(sw.sweep(g, out, progress=False)) == 2 and calls == g[:3] + g[3:]
+    assert len(sw.sweep(g[:3], out, build_engine, progress=False)) == 3
+    assert len(sw.sweep(g, out, build_engine, progress=False)) == 2 and calls == g[:3] + g[3:]
     assert [json.loads(l)["config"] for l in out.read_text().splitlines()] == g
 
 def test_run_workload_times_every_request():
-    eng = sw.build_engine(None, max_num_seqs=4)
+    eng = build_engine(None, max_num_seqs=4)
     wl = [(list(range(5, 25)), 6), (list(range(30, 40)), 1), (list(range(50, 90)), 9)]
     r = sw.run_workload(eng, wl, slo_ttft=60.0, slo_tpot=60.0)
     assert r["output_throughput"] == pytest.approx(16 / r["wall_s"])
