@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "`make bench-vllm` sets up vLLM's environment)")
     sub.add_parser("sweep", add_help=False, help="measure a grid of engine configurations, one JSON line each "
                    "(chapter 76); `inferlab sweep --help` lists its options")
+    sub.add_parser("tune", add_help=False, help="search the configurations with optuna's NSGA-II, live or replayed "
+                   "from a sweep (chapter 77); `inferlab tune --help` lists its options")
     sub.add_parser("frontier", add_help=False, help="mark the non-dominated rows of a sweep's JSON lines, print and plot "
                    "them (chapter 72); `inferlab frontier --help` lists its options")
     return p
@@ -175,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferlab.llm import build_engine
         from inferlab.frontier.sweep import sweep_main                # the facade's engine factory goes in (76)
         return sweep_main(argv[1:], make_engine=build_engine)
+    if argv[:1] == ["tune"]:
+        from inferlab.llm import build_engine
+        from inferlab.frontier.tune import tune_main
+        return tune_main(argv[1:], make_engine=build_engine)
     if argv[:1] == ["frontier"]:
         from inferlab.frontier.frontier import frontier_main
         return frontier_main(argv[1:])

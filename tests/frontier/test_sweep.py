@@ -24,10 +24,10 @@ def test_top20_kl_is_the_renormalized_kl():
 
 def test_sweep_is_resumable(tmp_path, monkeypatch):
     calls = []
-    def fake(config, *a, **k):
+    def fake(config):
         calls.append(config); return dict(config=config, output_throughput=1.0)
     monkeypatch.setattr(sw, "measure_config", fake)
-    monkeypatch.setattr(sw, "reference", lambda prompts, make_engine, model=None: ([], []))
+    monkeypatch.setattr(sw, "evaluator", lambda *a, **k: fake)
     out, g = tmp_path / "r.jsonl", sw.default_grid((4, 8))[:5]
     assert len(sw.sweep(g[:3], out, build_engine, progress=False)) == 3
     assert len(sw.sweep(g, out, build_engine, progress=False)) == 2 and calls == g[:3] + g[3:]
