@@ -39,11 +39,13 @@ WIDGET_NOTE = ('<div class="nb-widget-note">Interactive in Jupyter: run this not
                'controls. Shown here: its output for the default values.</div>')
 MATHJAX_LOCAL = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe,local/inferlab"
 # Loaded by the URL above from assets/mathjax/config/local/: jupyter-server-mathjax ships only the STIX-Web fonts
-# (MathJax's default TeX fonts 404, and primes such as m' then fail to typeset), so HTML-CSS output uses them; and
-# code is never typeset, so a
+# (MathJax's default TeX fonts 404, and primes such as m' then fail to typeset), so HTML-CSS output uses them; its
+# MathJax_Blank probe font is declared `local()` instead of `url('about:blank')` (the same failed load, without
+# Chromium's console error); and code is never typeset, so a
 # copy button copies the code as written (`\[32, 32\]`, `"cost $"`), not a "[Math Processing Error]".
 MATHJAX_LOCAL_CONFIG = """MathJax.Hub.Config({
-  "HTML-CSS": {availableFonts: ["STIX-Web"], preferredFont: "STIX-Web", webFont: "STIX-Web", imageFont: null},
+  "HTML-CSS": {availableFonts: ["STIX-Web"], preferredFont: "STIX-Web", webFont: "STIX-Web", imageFont: null,
+               styles: {"@font-face": {"font-family": "MathJax_Blank", src: "local('MathJax_Blank')"}}},
   tex2jax: {ignoreClass: "tex2jax_ignore|jp-CodeCell|highlight|highlight-ipynb|md-clipboard"}
 });
 MathJax.Ajax.loadComplete("[MathJax]/config/local/inferlab.js");
