@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "from a sweep (chapter 77); `inferlab tune --help` lists its options")
     sub.add_parser("frontier", add_help=False, help="mark the non-dominated rows of a sweep's JSON lines, print and plot "
                    "them (chapter 72); `inferlab frontier --help` lists its options")
+    sub.add_parser("calibrate", add_help=False, help="fit the step simulator from this engine and one served run, then "
+                   "predict a held-back served run (chapter 78); `inferlab calibrate --help` lists its options")
     return p
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["frontier"]:
         from inferlab.frontier.frontier import frontier_main
         return frontier_main(argv[1:])
+    if argv[:1] == ["calibrate"]:
+        from inferlab.llm import build_engine
+        from inferlab.frontier.calibrate import calibrate_main
+        return calibrate_main(argv[1:], make_engine=build_engine)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None): parser.print_help(); return 0

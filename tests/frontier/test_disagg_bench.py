@@ -23,7 +23,7 @@ def test_bench_modes_alternates_the_order(monkeypatch):
     "A B, then B A: drift on the machine falls on every mode alike (the servers faked: the order is the point)."
     started = []
     @contextlib.contextmanager
-    def fake_served(args): started.append(args[0]); yield "http://fake"
+    def fake_served(args): started.append(args[0]); yield "http://fake", None
     monkeypatch.setattr(db, "served", fake_served)
     monkeypatch.setattr(db, "benchmark", lambda base, reqs, **kw: SimpleNamespace(results=[]))
     monkeypatch.setattr(db, "scrape", lambda base, name: 0.0)

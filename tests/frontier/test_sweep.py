@@ -41,6 +41,21 @@ def test_run_workload_times_every_request():
     assert 0 < r["ttft_p50"] <= r["ttft_p99"] and 0 < r["tpot_p50"] <= r["tpot_p99"] and r["itl_p99"] > 0
     assert r["goodput"] == pytest.approx(3 / r["wall_s"])                   # every request meets a 60 s SLO
 
-@pytest.mark.parametrize("args, message", [(["--batch-sizes", "4,x"], "--batch-sizes"), (["--num-prompts", "0"], "--num-prompts")])
+
+def test_run_workload_at_a_rate_times_from_arrival():
+    from inferlab.serve.bench import arrival_times
+    eng = build_engine(None, max_num_seqs=4)
+    wl = [(list(range(5, 25)), 4), (list(range(30, 40)), 3), (list(range(50, 90)), 5)]
+    r = sw.run_workload(eng, wl, slo_ttft=60.0, slo_tpot=60.0, request_rate=5.0, seed=3)
+    assert r["request_rate"] == 5.0 and len(r["requests"]) == 3 and [q[2] for q in r["requests"]] == [4, 3, 5]
+    assert r["wall_s"] >= arrival_times(3, 5.0, 1.0, 3)[-1]                 # the last request was sent on schedule
+    assert all(0 < q[0] < 1.0 for q in r["requests"])                       # TTFT from each one's arrival, not the start
+    assert sw.goodput(r, 60.0, 60.0) == r["goodput"] == pytest.approx(3 / r["wall_s"])
+    assert sw.goodput(r, 0.0, 60.0) == 0.0 and sw.goodput(r, 60.0, 0.0) == 0.0   # re-scored under SLOs nothing meets
+    off = sw.run_workload(build_engine(None, max_num_seqs=4), wl)
+    assert off["request_rate"] is None and off["wall_s"] < r["wall_s"]
+
+@pytest.mark.parametrize("args, message", [(["--batch-sizes", "4,x"], "--batch-sizes"), (["--num-prompts", "0"], "--num-prompts"),
+                                           (["--request-rate", "0"], "--request-rate")])
 def test_bad_options_exit_2(capsys, tmp_path, args, message):
     assert main(["sweep", "--out", str(tmp_path / "r.jsonl"), *args]) == 2 and message in capsys.readouterr().err
