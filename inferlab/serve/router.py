@@ -67,7 +67,6 @@ class Route:
     first_token: float | None = None
     tokens: list = field(default_factory=list)
     text: str = ""
-    started: bool = False
 
 def start_workers(path, num_prefill: int, num_decode: int, dtype=None, engine: dict | None = None,
                   timeout_s: float = 180.0, threads: int | None = None) -> tuple[list[Worker], Listener]:
@@ -122,7 +121,7 @@ class DisaggRouter:
         self.workers, self._listener = start_workers(path, num_prefill, num_decode, dtype, engine_config)
         self.requests: dict[str, Route] = {}
         self._done: list[RequestOutput] = []
-        self.kv_bytes = self.kv_blocks = self.remote_prefills = self.local_prefills = self.fallbacks = 0
+        self.kv_bytes = self.kv_blocks = self.remote_prefills = self.local_prefills = self.fallbacks = self.rerouted = 0
         self.kv_seconds: list[float] = []                         # adoption times, drained by the metrics
         self.scheduler = _Queues(running=[], waiting=[])
         self.block_manager = _Queues(num_free_blocks=0, num_blocks=1, query_tokens=0, hit_tokens=0)
@@ -145,6 +144,7 @@ class DisaggRouter:
             raise ValueError(f"prompt: {len(ids)} tokens do not fit max_model_len={self.max_model_len}")
         rid = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
         if rid in self.requests: raise ValueError(f"request_id: {rid!r} is already in flight")
+        self._reap()
         hashes = prompt_hashes(ids, self.config.block_size)
         def cached(w): return next((i for i, h in enumerate(hashes) if h not in w.hashes), len(hashes)) * self.config.block_size
         while True:
@@ -241,6 +241,11 @@ class DisaggRouter:
         self._post(r.decode, dict(op="add", rid=rid, prompt=r.ids, params=params_dict(r.params)))
         return []
 
+    def _reap(self):
+        "Notice a worker that died while the router was idle: no `step` runs then to read its connection's EOF."
+        for w in self.workers:
+            if w.alive and w.proc.poll() is not None: self._lost(w)
+
     def _lost(self, w: Worker) -> list[RequestOutput]:
         if not w.alive: return []
         w.alive = False
@@ -248,8 +253,19 @@ class DisaggRouter:
             for rid in list(w.inflight): self._fallback(rid)
             return []
         err = RuntimeError(f"{w.name} (pid {w.proc.pid}) died; the request was ended")
-        for r in [r for r in self.requests.values() if r.decode is w]: self._finish(r, "error", err)
+        for r in [r for r in self.requests.values() if r.decode is w]:
+            if r.tokens or not self._reroute(r): self._finish(r, "error", err)
         return []
+
+    def _reroute(self, r: Route) -> bool:
+        """A request whose decode worker died before its first token starts again on a survivor: the client has seen
+        nothing, so it sees no error (one that has streamed tokens cannot be resumed elsewhere: it ends with one)."""
+        for d in sorted(self._live("decode"), key=lambda w: (len(w.inflight), w.name)):
+            if r.prefill is None and not self._post(d, dict(op="add", rid=r.rid, prompt=r.ids, params=params_dict(r.params))):
+                continue                                          # d died too: its own requests are handled by _lost(d)
+            r.decode = d; d.inflight.add(r.rid); self.rerouted += 1   # a remote prefill in flight: its KV goes to d
+            return True
+        return False
 
     def _refresh(self):
         "The queue and pool views the metrics read, from the decode workers' last reports."
@@ -270,7 +286,7 @@ class DisaggRouter:
     def stats(self) -> dict:
         bm = self.block_manager
         return dict(kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks, remote_prefills=self.remote_prefills,
-                    local_prefills=self.local_prefills, fallbacks=self.fallbacks, free_blocks=bm.num_free_blocks,
+                    local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted, free_blocks=bm.num_free_blocks,
                     num_blocks=bm.num_blocks, workers={w.name: w.alive for w in self.workers})
 
     def shutdown(self):
