@@ -249,9 +249,10 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch.is_empty: return []
-        try: samplers, logits = self.runner.execute(batch)
-        except Exception as e: return self.fail_batch(batch, e)
-        return self.process(batch, samplers, logits)
+        with self.runner.step_threads(batch):        # one pool setting for the model call and the sampling after it
+            try: samplers, logits = self.runner.execute(batch)
+            except Exception as e: return self.fail_batch(batch, e)
+            return self.process(batch, samplers, logits)
 
     def fail_batch(self, batch, e: Exception) -> list[RequestOutput]:
         "The model step failed: no request to blame, so end the step's requests (blocks freed) and keep the engine."

@@ -137,13 +137,18 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
 SMALL_STEP_TOKENS = 8   # CPU steps with at most this many tokens take the decode path below
 
 def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """`x [M, K] @ w [K, N]` for a few rows in OpenBLAS. From two rows on it runs a matrix-matrix kernel that packs
-    the whole panel of `w` first: on a wide `w` (a vocabulary, an MLP's gate/up) 2-4x slower than in 512-column views
-    (measured in chapter 30's cost of verifying k + 1 positions); the views share `w`'s memory."""
-    if x.shape[0] == 1 or w.shape[1] <= 1024: return x @ w
-    out = np.empty((x.shape[0], w.shape[1]), np.float32)
-    for i in range(0, w.shape[1], 512): np.matmul(x, w[:, i:i + 512], out=out[:, i:i + 512])
-    return out
+    """`x [M, K] @ w [K, N]` for a few float32 rows in OpenBLAS, by the route measured fastest here ('Few rows', below):
+    up to 4 rows as matrix-vector products (the matrix-matrix kernel packs `w` first and runs row counts that are not
+    a multiple of its panel on a slow edge path: 2 or 3 rows cost 5-7 products); 5-7 rows padded to a panel of 8,
+    which costs less than the 5-7 rows themselves."""
+    M = x.shape[0]
+    if M <= 4:
+        if M == 1: return x @ w
+        out = np.empty((M, w.shape[1]), np.float32)
+        for i in range(M): np.matmul(x[i], w, out=out[i])
+        return out
+    if M < 8: x = np.concatenate([x, np.zeros((8 - M, x.shape[1]), np.float32)])   # a full panel
+    return (x @ w)[:M]
 
 class KMajorLinear(nn.Module):
     "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go through NumPy's BLAS."
@@ -338,12 +343,15 @@ class CpuThreads:
 
     @contextlib.contextmanager
     def step(self, decode: bool):
-        """Size the pools for one step — decode-sized steps run BLAS on the budget, others torch — and give the
-        process its own counts back when the step ends, whatever happens inside (a pair of resizes costs ~2 µs)."""
-        n = self.measure()
+        """Size the pools for one step — decode-sized steps run BLAS on the budget, others torch — and, when it ends,
+        whatever happens inside, give back what was in force before: an enclosing step's sizes (the engine holds
+        one setting over the model call and the sampling after it) or the process's own counts (~2 µs a resize)."""
+        before, n = self.current, self.measure()
         self._set((1, n) if decode else (n, 1))
         try: yield
-        finally: self.restore()
+        finally:
+            if before is None: self.restore()
+            else: self._set(before)
 
     def restore(self):
         "Give the process back the thread counts it had when this owner was made."
@@ -370,9 +378,14 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled positions
         (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their hidden states."""
-        if self.threads is None: return self._execute(batch, return_hidden)
-        with self.threads.step(decode=batch.num_tokens <= SMALL_STEP_TOKENS):   # pools restored when the step ends
-            return self._execute(batch, return_hidden)
+        with self.step_threads(batch): return self._execute(batch, return_hidden)   # pools given back when it ends
+
+    def step_threads(self, batch: ScheduledBatch):
+        """The CPU pool sizes for `batch`'s step (decode-sized: BLAS threads; else torch's). The engine holds them over
+        the model call *and* the sampling after it: torch ops run between steps with torch's own two threads would wake
+        OpenMP against OpenBLAS threads still spinning after their last product (chapter 34 measured a verify step of
+        8 rows go from 8.1 to 3.6 ms)."""
+        return self.threads_for(decode=batch.num_tokens <= SMALL_STEP_TOKENS)
 
     def threads_for(self, decode: bool = True):
         "The CPU pools a decode-sized step uses, for small work beside the model (a proposer's heads); none off CPU."

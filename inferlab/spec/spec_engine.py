@@ -97,6 +97,11 @@ class SpeculativeEngine(LLMEngine):
         batch = self.scheduler.schedule()
         for seq in batch.preempted: self._release(seq)
         if batch.is_empty: return []
+        with self.runner.step_threads(batch):   # verification shares the model call's pool sizes (chapter 15)
+            return self._run(batch)
+
+    def _run(self, batch) -> list[RequestOutput]:
+        "Score the batch's rows, verify each sequence's drafts, append what was accepted, give rejected slots back."
         try: samplers, logits, hidden = self.runner.execute(batch, return_hidden=True)
         except Exception as e:                  # no request to blame: end the step's requests, keep the engine
             outs = self.fail_batch(batch, e)
