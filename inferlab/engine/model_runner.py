@@ -374,6 +374,8 @@ class ModelRunner:
                                      *(kv_scales or (None, None)))
         # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
         self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model, self.kv_cache)
+        # the most tokens a decode-only step may hold and stay on that path (a speculative engine fits its drafts to it)
+        self.decode_path_tokens = SMALL_STEP_TOKENS if self.numpy_decoder is not None else None
 
     def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled positions

@@ -83,6 +83,8 @@ class SpeculativeEngine(LLMEngine):
         for seq in sch.running:
             k = self._draft_budget(seq)
             if seq.num_uncomputed_tokens == 1 and k >= 1: seqs.append(seq); ks.append(k)
+        ks = _fit_to_path(ks, len(sch.running), self.runner.decode_path_tokens)
+        seqs, ks = [s for s, k in zip(seqs, ks) if k], [k for k in ks if k]
         if not seqs: return
         hidden = [self.hidden.get(s.seq_id) for s in seqs] if self.proposer.uses_hidden else None
         with self.runner.threads_for(decode=True):      # the step's pool sizes: torch and BLAS threads do not fight
@@ -185,6 +187,17 @@ class SpeculativeEngine(LLMEngine):
                  acceptance_rate_per_position=[a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
                  mean_accepted_length=self.num_emitted / self.num_verify_steps if self.num_verify_steps else 0.0)
         return s
+
+def _fit_to_path(ks: list[int], num_running: int, path_tokens: int | None) -> list[int]:
+    """Draft lengths cut (the longest first) so that a step whose running sequences fit the runner's fast decode path
+    stays on it with their drafts: on CPU a verification past it takes torch's general path, 4-5x slower a step
+    (chapter 30's v(8)), and four sequences with five drafts each lost more than they won. A batch already past the
+    path is left to `disable_by_batch_size`."""
+    if path_tokens is None or num_running > path_tokens: return ks
+    ks, spare = list(ks), path_tokens - num_running
+    while sum(ks) > spare:
+        i = max(range(len(ks)), key=lambda j: (ks[j], -j)); ks[i] -= 1      # the longest first, ties to the earliest
+    return ks
 
 def _row_groups(samplers: list[Sequence]) -> list[tuple[Sequence, int, int]]:
     "Consecutive rows of the same sequence: (sequence, first row, number of rows)."

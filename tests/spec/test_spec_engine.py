@@ -74,7 +74,9 @@ def test_no_leaks_with_aborts_and_preemption(method, target, tok, prompts):
     eng.check_idle()
 
 def test_stats_fields(target, tok, prompts):
-    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=4), METHODS["ngram"])
+    # one request at a time: every verification drafts k (with four running, drafts are cut to fit the CPU decode
+    # path, and per-position rates over verifications of different lengths need not fall along the draft)
+    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=1), METHODS["ngram"])
     run(eng, prompts[:8])
     s = eng.stats()
     assert s["num_accepted_tokens"] <= s["num_draft_tokens"] and len(s["acceptance_rate_per_position"]) == 4
@@ -138,3 +140,20 @@ def test_llm_facade_and_cli(capsys):
                  '{"method": "ngram", "num_speculative_tokens": 2}', "import os\nimport sys\n"]) == 0
     assert "speculation ngram" in capsys.readouterr().err
     assert main(["generate", "--speculative-config", "{not json", "x"]) != 0
+
+def test_drafts_fit_the_cpu_decode_path(target, tok, prompts):
+    "With a few requests running, drafts are cut so that a verification stays on the runner's NumPy decode path."
+    from inferlab.spec.spec_engine import _fit_to_path
+    assert _fit_to_path([5, 5, 5, 5], 4, 8) == [1, 1, 1, 1] and _fit_to_path([5, 3], 2, 8) == [3, 3]
+    assert _fit_to_path([5] * 9, 9, 8) == [5] * 9 and _fit_to_path([5, 5], 2, None) == [5, 5]   # past the path / no path
+    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=4), METHODS["ngram"])
+    assert eng.runner.decode_path_tokens == 8
+    sizes, execute = [], eng.runner.execute
+    def spy(batch, **kw):
+        if batch.num_prefill_tokens == 0: sizes.append(batch.num_tokens)
+        return execute(batch, **kw)
+    eng.runner.execute = spy
+    want = run(LLMEngine(target, tok, EngineConfig(max_num_seqs=4)), prompts[:12])
+    assert run(eng, prompts[:12]) == want
+    assert eng.stats()["num_draft_tokens"] > 0 and max(sizes) <= 8
+    eng.check_idle()
