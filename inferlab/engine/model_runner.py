@@ -8,8 +8,6 @@ Docs: https://inferlab.github.io/inferlab/model_runner.html.md"""
 from __future__ import annotations
 import contextlib
 import copy
-import os
-import time
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
@@ -20,13 +18,13 @@ from .sequence import Sequence
 from .scheduler import ScheduledBatch
 from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
 from .triton_attention import attention_backend
+from .cpu_threads import CpuThreads
 from ..model.generate import KVCache
 from ..model.sampling import sample_rows, token_logprobs
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
-           'few_rows_matmul', 'KMajorLinear', 'pack_model', 'NumpyDecoder', 'cgroup_cpu_limit', 'CpuThreads',
-           'ModelRunner', 'sample_batch']
+           'few_rows_matmul', 'KMajorLinear', 'pack_model', 'NumpyDecoder', 'ModelRunner', 'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
 @dataclass
@@ -280,85 +278,6 @@ class NumpyDecoder:
             with np.errstate(over="ignore"):                                       # exp(-gate) = inf: silu → -0
                 x = x + few_rows_matmul(gate / (1 + np.exp(-gate)) * up, w["down"])
         return torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
-
-# %% ../../nbs/15_model_runner.ipynb #e8db95ea
-def _busy_seconds(cpus: set[int]) -> float | None:
-    "Seconds of non-idle time summed over `cpus`, from /proc/stat (None where there is no /proc/stat)."
-    try: lines = open("/proc/stat").read().splitlines()
-    except OSError: return None
-    busy = 0
-    for line in lines:
-        name, *f = line.split()
-        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus): continue
-        ticks = [int(x) for x in f[:8]]                       # user nice system idle iowait irq softirq steal
-        busy += sum(ticks) - ticks[3] - ticks[4]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-def cgroup_cpu_limit() -> int | None:
-    "Cores a CPU quota allows this process (cgroup v2 `cpu.max`, or v1 CFS quota), or None when there is none."
-    import math
-    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
-                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
-        try:
-            fields = open(quota_file).read().split()
-            quota, period = fields[0], (fields[1] if period_file is None else open(period_file).read().strip())
-        except (OSError, IndexError): continue
-        if quota in ("max", "-1"): return None
-        return max(1, math.ceil(int(quota) / int(period)))
-    return None
-
-class CpuThreads:
-    """The one owner of the CPU thread pools a step uses: torch's intra-op threads and NumPy's BLAS threads
-    (through `threadpoolctl`). `budget` is the cores this process may use (affinity) minus those other processes
-    keep busy, re-measured every `interval` seconds; `max_threads` caps it (default: torch's thread count)."""
-    def __init__(self, max_threads: int | None = None, interval: float = 0.5):
-        from threadpoolctl import ThreadpoolController
-        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-        cores = min(len(self.cpus), cgroup_cpu_limit() or len(self.cpus))   # a container's quota counts too
-        self.max_threads = max(1, min(max_threads or torch.get_num_threads(), cores))
-        self.budget, self.interval, self.others = self.max_threads, interval, 0.0
-        self.blas = ThreadpoolController().select(user_api="blas")
-        self.saved = (torch.get_num_threads(), [lib.get_num_threads() for lib in self.blas.lib_controllers])
-        self.current = None                                   # (torch threads, BLAS threads) in force
-        self._last = (time.monotonic(), _busy_seconds(self.cpus), time.process_time())
-
-    def measure(self) -> int:
-        "Re-measure (at most every `interval` s) the cores others keep busy; returns the thread budget."
-        now = time.monotonic()
-        if now - self._last[0] < self.interval: return self.budget
-        busy, own = _busy_seconds(self.cpus), time.process_time()
-        t0, busy0, own0 = self._last
-        self._last = (now, busy, own)
-        if busy is None or busy0 is None: return self.budget
-        self.others = max(0.0, (busy - busy0 - (own - own0)) / (now - t0))   # cores' worth of other work
-        self.budget = max(1, min(self.max_threads, int(len(self.cpus) - self.others + 0.5)))
-        return self.budget
-
-    def _set(self, want: tuple):
-        if want == self.current: return
-        if self.current is None or want[0] != self.current[0]: torch.set_num_threads(want[0])
-        if self.current is None or want[1] != self.current[1]:
-            for lib in self.blas.lib_controllers: lib.set_num_threads(want[1])
-        self.current = want
-
-    @contextlib.contextmanager
-    def step(self, decode: bool):
-        """Size the pools for one step — decode-sized steps run BLAS on the budget, others torch — and, when it ends,
-        whatever happens inside, give back what was in force before: an enclosing step's sizes (the engine holds
-        one setting over the model call and the sampling after it) or the process's own counts (~2 µs a resize)."""
-        before, n = self.current, self.measure()
-        self._set((1, n) if decode else (n, 1))
-        try: yield
-        finally:
-            if before is None: self.restore()
-            else: self._set(before)
-
-    def restore(self):
-        "Give the process back the thread counts it had when this owner was made."
-        if self.current is None: return
-        torch.set_num_threads(self.saved[0])
-        for lib, n in zip(self.blas.lib_controllers, self.saved[1]): lib.set_num_threads(n)
-        self.current = None
 
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:

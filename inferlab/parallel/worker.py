@@ -10,8 +10,9 @@ import os, signal, time
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
-from ..engine.model_runner import (ModelRunner, AttentionMetadata, CpuThreads, prepare_batch, pack_model,
+from ..engine.model_runner import (ModelRunner, AttentionMetadata, prepare_batch, pack_model,
                                           SMALL_STEP_TOKENS)
+from ..engine.cpu_threads import CpuThreads
 from .collectives import init_distributed
 from .tensor_parallel import ParallelConfig, load_model_shard
 from .expert_parallel import EPMoEBlock, load_ep_model_shard
