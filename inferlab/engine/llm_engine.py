@@ -23,7 +23,7 @@ from .model_runner import ModelRunner, sample_batch, pack_model, calibrate_kv_sc
 from .paged_attention import KV_CACHE_DTYPES
 
 # %% auto #0
-__all__ = ['EngineConfig', 'RequestMetrics', 'RequestOutput', 'as_params', 'LLMEngine']
+__all__ = ['EngineConfig', 'RequestMetrics', 'RequestOutput', 'EngineDeadError', 'as_params', 'LLMEngine']
 
 # %% ../../nbs/16_llm_engine.ipynb #3d8bed29
 @dataclass
@@ -88,6 +88,11 @@ class RequestOutput:
         m = self.metrics
         if m is None or m.finish_time is None or m.first_token_time is None or len(self.token_ids) < 2: return None
         return (m.finish_time - m.first_token_time) / (len(self.token_ids) - 1)
+
+# %% ../../nbs/16_llm_engine.ipynb #8c0d4b62
+class EngineDeadError(RuntimeError):
+    "The engine can no longer run steps: every request in flight is lost and the engine must be built again."
+
 
 # %% ../../nbs/16_llm_engine.ipynb #b3fe9ca2
 def as_params(p) -> SamplingParams:
@@ -255,7 +260,9 @@ class LLMEngine:
             return self.process(batch, samplers, logits)
 
     def fail_batch(self, batch, e: Exception) -> list[RequestOutput]:
-        "The model step failed: no request to blame, so end the step's requests (blocks freed) and keep the engine."
+        """The model step failed: no request to blame, so end the step's requests (blocks freed) and keep the engine;
+        unless the engine itself is gone (`EngineDeadError`), which only the caller can act on."""
+        if isinstance(e, EngineDeadError): raise e
         err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
         return [self._fail(seq, err) for seq in batch.seqs]
 

@@ -37,10 +37,6 @@ class ParallelEngine(LLMEngine):
     def make_runner(self, num_blocks: int, kv_scales=None):
         return ParallelRunner(self.model, num_blocks, self.config.block_size, self.parallel, self.threads, self.workers)
 
-    def fail_batch(self, batch, e: Exception):
-        if isinstance(e, ParallelError): raise e                # the group is gone: the caller must know
-        return super().fail_batch(batch, e)
-
     def add_request(self, prompt, params=None, request_id=None, priority: int = 0, arrival_time=None) -> str:
         idx, self._added = self._added, self._added + 1
         try: rid = super().add_request(prompt, params, request_id, priority, arrival_time)

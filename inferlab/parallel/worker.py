@@ -13,6 +13,7 @@ import torch.distributed as dist
 from ..engine.model_runner import (ModelRunner, AttentionMetadata, prepare_batch, pack_model,
                                           SMALL_STEP_TOKENS)
 from ..engine.cpu_threads import CpuThreads
+from ..engine.llm_engine import EngineDeadError
 from .collectives import init_distributed
 from .tensor_parallel import ParallelConfig, load_model_shard
 from .expert_parallel import EPMoEBlock, load_ep_model_shard
@@ -169,8 +170,8 @@ def worker_main(rank: int, world_size: int, port: int, path, parallel: ParallelC
         dist.destroy_process_group()
 
 # %% ../../nbs/43_parallel_runner.ipynb #45107872
-class ParallelError(RuntimeError):
-    "The process group can no longer run steps (a worker died, a collective failed or timed out)."
+class ParallelError(EngineDeadError):
+    "The process group can no longer run steps (a worker died, a collective failed or timed out): the engine is dead."
 
 class ParallelRunner(ModelRunner):
     "Rank 0's runner: broadcasts each step, runs its own slice, returns the full logits (TP/EP) or each DP rank's."

@@ -6,11 +6,12 @@ Docs: https://inferlab.github.io/inferlab/api_server.html.md"""
 
 # %% ../../nbs/54_api_server.ipynb #4a85395b
 from __future__ import annotations
-import asyncio, contextlib, hmac, signal, threading, time
+import asyncio, contextlib, hmac, signal, sys, threading, time
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from ..engine.llm_engine import EngineDeadError
 from .async_engine import AsyncLLMEngine, QueueFull
 from .metrics import ServerMetrics
 from .protocol import (OpenAIError, param_of, CompletionRequest, ChatCompletionRequest, parse_request, prompt_list,
@@ -43,6 +44,8 @@ class Run:
         self.abort()
         full = [e for e in errors if isinstance(e, QueueFull)]
         if full: raise OpenAIError(503, str(full[0]), None, "server_overloaded", "queue_full") from None
+        dead = [e for e in errors if isinstance(e, EngineDeadError)]
+        if dead: raise OpenAIError(503, f"the engine is dead: {dead[0]}", None, "server_error", "engine_dead") from None
         bad = [e for e in errors if isinstance(e, ValueError)]
         if bad: raise OpenAIError(400, str(bad[0]), param_of(bad[0])) from None   # the engine names the field first
         raise errors[0]
@@ -265,7 +268,9 @@ def _require_key(key: str):
 
 # %% ../../nbs/54_api_server.ipynb #4bd53c76
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
-    "Run `app` until interrupted; 0 after a clean shutdown, 1 if uvicorn could not start (a port in use, say)."
+    """Run `app` until interrupted; 0 after a clean shutdown, 1 if uvicorn could not start (a port in use, say) or the
+    engine died (`EngineDeadError`: the server exits, with the requests in flight answered, so that a supervisor
+    starts a fresh one rather than route traffic to a server that can only fail)."""
     aengine = app.state.inferlab.aengine
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     def web():
@@ -276,11 +281,14 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: st
     thread = threading.Thread(target=web, name="inferlab-uvicorn", daemon=True)
     thread.start()
     try:
-        if aengine._thread is None: aengine.run()             # the engine loop, here, until shutdown
+        if aengine._thread is None: aengine.run()             # the engine loop, here, until shutdown (or death)
+        if aengine.dead is not None:
+            print(f"inferlab serve: the engine died ({aengine.dead}); shutting down", file=sys.stderr, flush=True)
+            server.should_exit = True
         thread.join()
     finally:
         for s, h in saved.items(): signal.signal(s, h)
-    return 0 if server.started else 1
+    return 0 if server.started and aengine.dead is None else 1
 
 def start_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> tuple:
     "Start uvicorn in a daemon thread on a free port: (server, base_url); stop with `server.should_exit = True`."

@@ -7,7 +7,7 @@ Docs: https://inferlab.github.io/inferlab/async_engine.html.md"""
 # %% ../../nbs/50_async_engine.ipynb #92f844e2
 from __future__ import annotations
 import asyncio, collections, dataclasses, itertools, threading, time
-from ..engine.llm_engine import LLMEngine, RequestOutput
+from ..engine.llm_engine import LLMEngine, RequestOutput, EngineDeadError
 
 # %% auto #0
 __all__ = ['QueueFull', 'AsyncLLMEngine']
@@ -48,6 +48,7 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
         self._pending = 0                                      # adds in the inbox, not yet in the engine
         self._stop, self.num_steps, self.is_running = False, 0, False
+        self.dead: EngineDeadError | None = None               # why the engine can no longer step, once it cannot
         self._thread = None                                    # start=False: the caller runs `run()` on its own thread
         if start:
             self._thread = threading.Thread(target=self.run, name="inferlab-engine", daemon=True)
@@ -65,6 +66,7 @@ class AsyncLLMEngine:
                           queue: asyncio.Queue | None = None) -> tuple[str, asyncio.Queue]:
         """Queue a request; returns (its id, the queue its outputs arrive on: `queue` if given, so the n choices of
         one HTTP request can share one). Raises ValueError (a bad request) or QueueFull."""
+        if self.dead is not None: raise self.dead
         if self._stop: raise RuntimeError("AsyncLLMEngine: shut down")
         if self.num_waiting >= self.max_waiting:
             raise QueueFull(f"{self.num_waiting} requests are waiting (max_waiting={self.max_waiting}); retry later")
@@ -73,6 +75,7 @@ class AsyncLLMEngine:
         stream, future = _Stream(loop, queue if queue is not None else asyncio.Queue()), loop.create_future()
         self._pending += 1
         self._inbox.append(("add", prompt, params, rid, future, stream)); self._wake.set()
+        if self.dead is not None and not future.done(): future.set_exception(self.dead)   # it died as we queued
         try: await future
         except asyncio.CancelledError:                         # the caller left before the engine took it
             self.abort(rid); raise
@@ -111,6 +114,7 @@ class AsyncLLMEngine:
                 if not self.engine.has_unfinished():
                     self._wake.wait(); continue                # idle: sleep until a request or an abort arrives
                 try: outputs = self.engine.step()
+                except EngineDeadError as e: self._die(e); return
                 except Exception as e: outputs = self._fail_all(e)
                 self.num_steps += 1
                 self._deliver(outputs)
@@ -142,6 +146,14 @@ class AsyncLLMEngine:
         for loop, items in by_loop.items():
             try: loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError: pass                          # that loop has closed: nobody is reading
+
+    def _die(self, err: EngineDeadError):
+        "The engine cannot step again: every request in flight ends with `err`, adds not yet taken are refused with it."
+        self.dead, self.is_running = err, False                # /health answers 503 before anyone hears of it
+        self._deliver(self._fail_all(err))
+        while self._inbox:
+            kind, *args = self._inbox.popleft()
+            if kind == "add": args[4].loop.call_soon_threadsafe(_settle, args[3], err)   # (…, future, stream)
 
     def _fail_all(self, err: Exception) -> list[RequestOutput]:
         "A bug escaped `step()`: end every request in flight (blocks freed) rather than hang its client."

@@ -3,7 +3,7 @@ an error naming its culprit, the others complete, no KV block leaks, and the nex
 import threading
 import pytest
 import torch
-from inferlab.engine.llm_engine import LLMEngine
+from inferlab.engine.llm_engine import LLMEngine, EngineDeadError
 from inferlab.llm import LLM, as_prompt_list
 from inferlab.model.sampling import SamplingParams
 
@@ -77,6 +77,21 @@ def test_model_failure_ends_the_steps_requests_and_engine_recovers(llm, solo, mo
     assert all(o.finish_reason == "error" and "model step failed" in str(o.error) for o in outs)
     _clean(llm, free0)
     assert [o.token_ids for o in llm.generate(PROMPTS, G)] == solo           # the next call is whole again
+    _clean(llm, free0)
+
+def test_a_dead_engine_raises_instead_of_ending_requests(llm, solo, monkeypatch):
+    "A failure of the engine itself (a parallel worker died) is not one step's: step() raises it to the caller."
+    eng, free0 = llm.engine, llm.engine.block_manager.num_free_blocks
+    real, calls = eng.runner.execute, [0]
+    def dying(batch):
+        calls[0] += 1
+        if calls[0] == 3: raise EngineDeadError("worker rank 1 exited with code -9")
+        return real(batch)
+    monkeypatch.setattr(eng.runner, "execute", dying)
+    with pytest.raises(EngineDeadError, match="rank 1"): llm.generate(PROMPTS, G)
+    assert calls[0] == 3                                                   # raised at once, not retried step by step
+    monkeypatch.setattr(eng.runner, "execute", real)                       # (a real dead engine stays dead)
+    assert [o.token_ids for o in llm.generate(PROMPTS, G)] == solo         # generate's abort left nothing behind
     _clean(llm, free0)
 
 def test_two_threads_share_one_llm(llm, solo):

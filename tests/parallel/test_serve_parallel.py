@@ -1,4 +1,4 @@
-"`inferlab serve -tp 2`: the official client gets the single process's tokens; the workers go with the server, however it ends."
+"`inferlab serve -tp 2`: the official client gets the single process's tokens; the workers go with the server, however it ends; a dead worker ends the server."
 import os, signal, subprocess, sys, tempfile, time
 import httpx, openai, pytest
 from parallel_helpers import children_of
@@ -43,3 +43,22 @@ def test_serve_tp2(stop):
         proc.wait(20)
         log.close(); os.unlink(log.name)
     assert gone(workers, 30), f"worker(s) {workers} outlived a server stopped by {stop}"
+
+def test_serve_exits_when_its_worker_dies():
+    "A killed TP worker is an EngineDeadError: the request in flight gets a 5xx error object, the server exits 1."
+    proc, base, log = start("-tp", "2")
+    try:
+        workers = children_of(proc.pid)
+        assert len(workers) >= 1, "the server should have spawned its rank-1 worker"
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        client.completions.create(model="tiny-dense", prompt="import os", max_tokens=4, temperature=0)
+        for w in workers: os.kill(w, signal.SIGKILL)
+        with pytest.raises(openai.APIStatusError) as err:
+            client.completions.create(model="tiny-dense", prompt="def f():", max_tokens=32, temperature=0)
+        assert err.value.status_code >= 500 and "rank" in err.value.message
+        assert proc.wait(30) == 1, "the server should exit when its engine is dead"
+        assert "the engine died" in open(log.name).read()
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait(20)
+        log.close(); os.unlink(log.name)
+    assert gone(workers, 30)
