@@ -6,7 +6,8 @@ Docs: https://inferlab.github.io/inferlab/medusa.html.md"""
 
 # %% ../../nbs/33_medusa.ipynb #0190e80f
 from __future__ import annotations
-import hashlib, json, math, time
+import hashlib, io, json, math, time
+import tokenize as pytokenize
 from pathlib import Path
 import torch
 import torch.nn as nn
@@ -20,7 +21,7 @@ from .proposers import Proposer, Draft
 
 # %% auto #0
 __all__ = ['lm_head_fingerprint', 'MedusaHeads', 'hidden_pool', 'train_medusa', 'head_hits', 'chain_acceptance',
-           'tokens_per_pass', 'save_medusa', 'load_medusa', 'default_medusa_path', 'MedusaProposer']
+           'tokens_per_pass', 'save_medusa', 'load_medusa', 'default_medusa_path', 'prose_labels', 'MedusaProposer']
 
 # %% ../../nbs/33_medusa.ipynb #68dc3523
 def lm_head_fingerprint(target: CausalLM) -> str:
@@ -207,6 +208,23 @@ def default_medusa_path(target_source_dir) -> Path | None:
     p = Path(target_source_dir)
     cand = p.parent / f"{p.name}-medusa"
     return cand if cand.is_dir() else None
+
+# %% ../../nbs/33_medusa.ipynb #c4a7e9d1
+def prose_labels(doc: str, enc) -> list[bool]:
+    """Per token of `enc` (a tokenizers Encoding of `doc`): True if it ends inside a comment or a triple-quoted string,
+    by Python's own `tokenize` (chapter 34 splits the engine's acceptance the same way)."""
+    lines = io.StringIO(doc).readlines()
+    line_starts = [0]
+    for ln in lines: line_starts.append(line_starts[-1] + len(ln))
+    mask = torch.zeros(len(doc) + 1, dtype=torch.bool)
+    try:
+        for t in pytokenize.generate_tokens(io.StringIO(doc).readline):
+            if t.type == pytokenize.COMMENT or (t.type == pytokenize.STRING and t.string.lstrip("rRbBuUfF")[:3] in ('"' * 3, "'" * 3)):
+                mask[line_starts[t.start[0] - 1] + t.start[1]:line_starts[t.end[0] - 1] + t.end[1]] = True
+    except (pytokenize.TokenError, SyntaxError): pass                        # a file tokenize refuses: all code
+    return [bool(mask[max(e - 1, 0)]) for s, e in enc.offsets]
+
+
 
 # %% ../../nbs/33_medusa.ipynb #26fb634c
 class MedusaProposer(Proposer):
