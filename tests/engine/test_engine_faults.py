@@ -65,14 +65,19 @@ def test_failure_in_one_requests_bookkeeping_fails_alone(llm, solo, monkeypatch)
     assert [o.token_ids for o in outs[:2]] == solo[:2]
     _clean(llm, free0)
 
+def _fail_at(eng, monkeypatch, call: int, err: Exception) -> list[int]:
+    "The runner's `call`-th step raises `err`; the steps before and after run the model. Returns the call counter."
+    real, calls = eng.runner.execute, [0]
+    def execute(batch):
+        calls[0] += 1
+        if calls[0] == call: raise err
+        return real(batch)
+    monkeypatch.setattr(eng.runner, "execute", execute)
+    return calls
+
 def test_model_failure_ends_the_steps_requests_and_engine_recovers(llm, solo, monkeypatch):
     eng, free0 = llm.engine, llm.engine.block_manager.num_free_blocks
-    real, calls = eng.runner.execute, [0]
-    def flaky(batch):
-        calls[0] += 1
-        if calls[0] == 3: raise RuntimeError("The size of tensor a (24) must match the size of tensor b (16)")
-        return real(batch)
-    monkeypatch.setattr(eng.runner, "execute", flaky)
+    _fail_at(eng, monkeypatch, 3, RuntimeError("The size of tensor a (24) must match the size of tensor b (16)"))
     outs = llm.generate(PROMPTS, G)
     assert all(o.finish_reason == "error" and "model step failed" in str(o.error) for o in outs)
     _clean(llm, free0)
@@ -82,15 +87,10 @@ def test_model_failure_ends_the_steps_requests_and_engine_recovers(llm, solo, mo
 def test_a_dead_engine_raises_instead_of_ending_requests(llm, solo, monkeypatch):
     "A failure of the engine itself (a parallel worker died) is not one step's: step() raises it to the caller."
     eng, free0 = llm.engine, llm.engine.block_manager.num_free_blocks
-    real, calls = eng.runner.execute, [0]
-    def dying(batch):
-        calls[0] += 1
-        if calls[0] == 3: raise EngineDeadError("worker rank 1 exited with code -9")
-        return real(batch)
-    monkeypatch.setattr(eng.runner, "execute", dying)
+    calls = _fail_at(eng, monkeypatch, 3, EngineDeadError("worker rank 1 exited with code -9"))
     with pytest.raises(EngineDeadError, match="rank 1"): llm.generate(PROMPTS, G)
     assert calls[0] == 3                                                   # raised at once, not retried step by step
-    monkeypatch.setattr(eng.runner, "execute", real)                       # (a real dead engine stays dead)
+    monkeypatch.undo()                                                     # (a real dead engine stays dead)
     assert [o.token_ids for o in llm.generate(PROMPTS, G)] == solo         # generate's abort left nothing behind
     _clean(llm, free0)
 
