@@ -104,7 +104,9 @@ def test_full_queue_answers_503_at_once():
         refused = [(b, t) for s, b, t in res if s == 503]
         # the first few (3 waiting, up to 2 more once seated) are taken; the rest arrive while those 300-token requests run
         assert len(refused) >= 30 and all(b["error"]["code"] == "queue_full" for b, _ in refused)
-        assert sum(s == 200 for s, _, _ in res) >= 3 and max(t for _, t in refused) < 1.0     # refused at once
+        served = [t for s, _, t in res if s == 200]
+        # refused at once: long before the queue they were refused from drains (a wall-clock bound flaked under load)
+        assert len(served) >= 3 and max(t for _, t in refused) < 0.5 * max(served)
         assert httpx.post(base + C, json={"prompt": "y =", "max_tokens": 2}).status_code == 200   # serving after the burst
 
 def _rss_kb(pid: int) -> int:
