@@ -135,18 +135,15 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
 SMALL_STEP_TOKENS = 8   # CPU steps with at most this many tokens take the decode path below
 
 def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """`x [M, K] @ w [K, N]` for a few float32 rows in OpenBLAS, by the route measured fastest here ('Few rows', below):
-    up to 4 rows as matrix-vector products (the matrix-matrix kernel packs `w` first and runs row counts that are not
-    a multiple of its panel on a slow edge path: 2 or 3 rows cost 5-7 products); 5-7 rows padded to a panel of 8,
-    which costs less than the 5-7 rows themselves."""
+    """`x [M, K] @ w [K, N]` for a few float32 rows in OpenBLAS, by the route measured fastest through a step here
+    ('Few rows', below): one matrix-matrix product, which streams `w` from memory once for all M rows; except 2-3 rows
+    by a wide `w` (N >= 2048: an lm_head), where packing `w` into panels costs 3-4 row-by-row products, so each row
+    takes its own matrix-vector product."""
     M = x.shape[0]
-    if M <= 4:
-        if M == 1: return x @ w
-        out = np.empty((M, w.shape[1]), np.float32)
-        for i in range(M): np.matmul(x[i], w, out=out[i])
-        return out
-    if M < 8: x = np.concatenate([x, np.zeros((8 - M, x.shape[1]), np.float32)])   # a full panel
-    return (x @ w)[:M]
+    if M == 1 or M > 3 or w.shape[1] < 2048: return x @ w
+    out = np.empty((M, w.shape[1]), np.float32)
+    for i in range(M): np.matmul(x[i], w, out=out[i])
+    return out
 
 class KMajorLinear(nn.Module):
     "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go through NumPy's BLAS."
