@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..model.sampling import SamplingParams, MAX_LOGPROBS
 
 # %% auto #0
-__all__ = ['MAX_N', 'OpenAIError', 'param_of', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage',
+__all__ = ['MAX_N', 'UNSUPPORTED', 'OpenAIError', 'param_of', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage',
            'ChatCompletionRequest', 'parse_request', 'prompt_list', 'sampling_params', 'render_chat', 'new_id', 'usage',
            'finish_reason', 'sse', 'completion_logprobs', 'chat_logprobs', 'completion_response', 'completion_chunk',
            'chat_response', 'chat_chunk', 'usage_chunk']
@@ -90,6 +90,19 @@ def _param(loc) -> str | None:
     keep = [str(p) for p in loc if str(p) not in _TYPE_TAGS and not str(p).startswith(("list[", "union[", "function-"))]
     return ".".join(keep) or None
 
+# Fields of OpenAI's API and vLLM's extras that would change the output and that the engine does not implement,
+# with the test of a value that asks for something: refused by name, since `extra="ignore"` would drop them silently
+# (a client asking for JSON or a tool call would get plain text back and not know why).
+UNSUPPORTED = {
+    "logit_bias": lambda v, o: bool(v), "functions": lambda v, o: bool(v),
+    "response_format": lambda v, o: not (isinstance(v, dict) and v.get("type") == "text") and v is not None,
+    "tools": lambda v, o: bool(v) and o.get("tool_choice") != "none",   # tools the model may not call are harmless
+    "best_of": lambda v, o: v is not None and v != o.get("n", 1),
+    "repetition_penalty": lambda v, o: v is not None and v != 1, "min_tokens": lambda v, o: bool(v),
+    "prompt_logprobs": lambda v, o: v is not None,
+    **{f: (lambda v, o: v is not None) for f in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                                   "structured_outputs", "logits_processors")}}
+
 def parse_request(body: bytes, schema: type[BaseModel]) -> BaseModel:
     "Validate a raw JSON body against `schema`; any fault raises a 400 `OpenAIError` naming the field."
     try: obj = json.loads(body)
@@ -105,6 +118,10 @@ def parse_request(body: bytes, schema: type[BaseModel]) -> BaseModel:
                           param) from None
     for f in ("presence_penalty", "frequency_penalty"):
         if getattr(req, f) != 0: raise OpenAIError(400, f"{f}: only 0 is supported (the engine has no penalties)", f)
+    for f, asks in UNSUPPORTED.items():
+        if f in obj and asks(obj[f], obj):
+            raise OpenAIError(400, f"{f}: not supported by this server (got {obj[f]!r:.60}); omit it"
+                                   + (", or send tool_choice 'none'" if f == "tools" else ""), f)
     return req
 
 # %% ../../nbs/51_protocol.ipynb #bae51b64
