@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     g.set_defaults(func=_generate)
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (chapters 50-54)")
+    s.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as in `vllm serve MODEL` (the same as --model; default: the shipped tiny-dense)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None, help="the name clients use (default: the model directory's)")
@@ -193,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None): parser.print_help(); return 0
-    try: return args.func(args)
+    try:
+        if getattr(args, "model_tag", None) is not None:      # `inferlab serve MODEL`, as `vllm serve MODEL`
+            if args.model not in (None, args.model_tag):
+                raise ValueError(f"MODEL: {args.model_tag!r} and --model {args.model!r} name two models; give one")
+            args.model = args.model_tag
+        return args.func(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"inferlab {args.command}: error: {e}", file=sys.stderr); return 2

@@ -134,6 +134,16 @@ class LLM:
                 for rid in ids: eng.abort(rid)
         return results
 
+    def chat(self, messages, params=None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: one conversation (a list of `{"role", "content"}` dicts) or a list of conversations,
+        each rendered with the checkpoint's chat template (the assistant's turn opened), then generated as `generate`."""
+        convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
+        if not (isinstance(convs, list) and convs and all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c)
+                                                           for c in convs)):
+            raise ValueError(f"messages: expected a conversation (a list of role/content dicts) or a list of them, got {messages!r:.60}")
+        if self.tokenizer is None: raise ValueError("messages: the model has no tokenizer, so no chat template")
+        return self.generate([self.tokenizer.apply_chat_template(c) for c in convs], params, use_tqdm)
+
     def stream(self, prompt, params=None):
         "Yield the text of one request piece by piece as it is generated."
         with self._lock:

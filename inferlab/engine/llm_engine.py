@@ -23,7 +23,7 @@ from .model_runner import ModelRunner, sample_batch, pack_model, calibrate_kv_sc
 from .paged_attention import KV_CACHE_DTYPES
 
 # %% auto #0
-__all__ = ['EngineConfig', 'RequestMetrics', 'RequestOutput', 'EngineDeadError', 'as_params', 'LLMEngine']
+__all__ = ['EngineConfig', 'RequestMetrics', 'CompletionOutput', 'RequestOutput', 'EngineDeadError', 'as_params', 'LLMEngine']
 
 # %% ../../nbs/16_llm_engine.ipynb #3d8bed29
 @dataclass
@@ -69,6 +69,16 @@ class RequestMetrics:
     def e2e(self) -> float | None: return None if self.finish_time is None else self.finish_time - self.arrival_time
 
 @dataclass
+class CompletionOutput:
+    "vLLM's record of one generated sequence, `RequestOutput.outputs[0]`: scripts written for vLLM read the text there."
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None           # the sum of the sampled tokens' logprobs, when they were asked for
+    logprobs: list[dict] | None                # per position, the top alternatives asked for; None if none were
+    finish_reason: str | None
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -88,6 +98,13 @@ class RequestOutput:
         m = self.metrics
         if m is None or m.finish_time is None or m.first_token_time is None or len(self.token_ids) < 2: return None
         return (m.finish_time - m.first_token_time) / (len(self.token_ids) - 1)
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        "vLLM's layout, one `CompletionOutput` (a request is one sequence here: n choices are n requests)."
+        lp = self.logprobs or None
+        return [CompletionOutput(0, self.text, self.token_ids, sum(lp) if lp else None, self.top_logprobs or None,
+                                 self.finish_reason)]
 
 # %% ../../nbs/16_llm_engine.ipynb #8c0d4b62
 class EngineDeadError(RuntimeError):
