@@ -115,7 +115,13 @@ class FollowerEngine:
         return outs
 
     def shutdown(self):
-        if dist.is_initialized(): dist.destroy_process_group()
+        """Take rank 0's stop before closing the group: a rank that closed its end with rank 0's message still in
+        flight could abort in gloo's background thread ('terminate called without an active exception')."""
+        if not dist.is_initialized(): return
+        try:
+            while self.channel.recv()[0] != OP_STOP: pass
+        except Exception: pass                  # rank 0 is gone (the collective failed or timed out): nothing to take
+        dist.destroy_process_group()
 
 # %% ../../nbs/44_parallel_engine.ipynb #90c9376a
 class _Replica(LLMEngine):
