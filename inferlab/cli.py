@@ -22,7 +22,7 @@ def add_engine_args(p: argparse.ArgumentParser):
     p.add_argument("--quantization", default=None, help="w8a16, w4a16, w8a8, fp8, mxfp4 or nvfp4 (chapter 23)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-                        "(methods: ngram, draft_model, medusa)")
+                        "(methods: ngram, draft_model, medusa, rest)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="processes the layers are split over (chapter 41)")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="ranks that each attend for their own requests (chapter 44; with --enable-expert-parallel)")

@@ -17,7 +17,8 @@ from ..engine.scheduler import ScheduledBatch
 from ..engine.model_runner import ModelRunner, pack_model
 
 # %% auto #0
-__all__ = ['Draft', 'Proposer', 'check_vocab', 'ngram_lookup', 'NgramProposer', 'draft_generator', 'DraftModelProposer']
+__all__ = ['Draft', 'Proposer', 'check_vocab', 'ngram_lookup', 'NgramProposer', 'suffix_array', 'TokenDatastore', 'RestProposer',
+           'load_datastore', 'draft_generator', 'DraftModelProposer']
 
 # %% ../../nbs/32_proposers.ipynb #dda40d89
 @dataclass
@@ -76,6 +77,108 @@ class NgramProposer(Proposer):
 
     def propose(self, seqs, num_tokens, hidden=None):
         return [Draft(ngram_lookup(s.token_ids, k, self.min_n, self.max_n)) for s, k in zip(seqs, num_tokens)]
+
+# %% ../../nbs/32_proposers.ipynb #a7e3c102
+def suffix_array(tokens, depth: int = 16) -> np.ndarray:
+    """Start positions of the suffixes of `tokens`, sorted by their first `depth` tokens (prefix doubling: a stable
+    sort on (rank of the first h tokens, rank of the next h), h = 1, 2, 4, ...; ties past `depth` keep text order)."""
+    t = np.asarray(tokens, dtype=np.int64)
+    n, rank, h = len(t), t.copy(), 1
+    sa = np.argsort(rank, kind="stable")
+    while h < depth and n > 1:
+        nxt = np.full(n, -1, np.int64); nxt[:n - h] = rank[h:]                # rank of the next h tokens; -1: past the end
+        key = rank * (n + 1) + (nxt + 1)
+        sa = np.argsort(key, kind="stable")
+        ks = key[sa]
+        rank = np.empty(n, np.int64); rank[sa] = np.concatenate([[0], np.cumsum(ks[1:] != ks[:-1])])
+        h *= 2
+    return sa.astype(np.int32 if n < 2**31 else np.int64)
+
+class TokenDatastore:
+    """REST's datastore (He et al., 2024): a token corpus and its suffix array. `draft(context, k)` finds the longest
+    suffix of `context` (min_n..max_n tokens) in the corpus and proposes, token by token, the continuation most of its
+    occurrences share (up to `max_candidates` of them, spread over the match range)."""
+    def __init__(self, tokens, depth: int = 16):
+        self.tokens = np.asarray(tokens, dtype=np.int32)
+        if len(self.tokens) < 2: raise ValueError(f"datastore: needs at least 2 tokens, got {len(self.tokens)}")
+        self.depth, self.sa, self._list = depth, suffix_array(self.tokens, depth), self.tokens.tolist()
+
+    def match_range(self, pattern: list[int]) -> tuple[int, int]:
+        "Suffix-array rows `[lo, hi)` whose suffixes start with `pattern` (two binary searches)."
+        T, sa, n = self._list, self.sa, len(pattern)
+        lo, hi = 0, len(sa)
+        while lo < hi:
+            m = (lo + hi) // 2
+            if T[sa[m]:sa[m] + n] < pattern: lo = m + 1
+            else: hi = m
+        first, hi = lo, len(sa)
+        while lo < hi:
+            m = (lo + hi) // 2
+            if T[sa[m]:sa[m] + n] <= pattern: lo = m + 1
+            else: hi = m
+        return first, lo
+
+    def longest_match(self, context: list[int], min_n: int, max_n: int) -> tuple[int, int, int]:
+        "(n, lo, hi) of the longest suffix of `context` found (n = 0: none); occurrence is monotone in n: binary search."
+        best, lo_n, hi_n = (0, 0, 0), min_n, min(max_n, self.depth, len(context))
+        while lo_n <= hi_n:
+            n = (lo_n + hi_n) // 2
+            a, b = self.match_range(list(context[-n:]))
+            if b > a: best, lo_n = (n, a, b), n + 1
+            else: hi_n = n - 1
+        return best
+
+    def draft(self, context: list[int], k: int, min_n: int = 2, max_n: int = 16, min_occurrences: int = 2,
+              max_candidates: int = 32) -> list[int]:
+        n, a, b = self.longest_match(context, min_n, max_n)
+        if n == 0: return []
+        rows = np.linspace(a, b - 1, min(b - a, max_candidates)).astype(np.int64)
+        at, out = self.sa[rows].astype(np.int64) + n, []                          # where each occurrence continues
+        for _ in range(k):
+            at = at[at < len(self.tokens)]
+            if len(at) < min_occurrences: break                                   # too few witnesses to vote
+            nxt = self.tokens[at]
+            vals, counts = np.unique(nxt, return_counts=True)
+            tok = int(vals[counts.argmax()]); out.append(tok)
+            at = at[nxt == tok] + 1                                               # follow the occurrences that agree
+        return out
+
+class RestProposer(Proposer):
+    """Retrieval-based drafts: prompt lookup in the sequence's own tokens first (as `NgramProposer`), and where that
+    finds nothing, the datastore's most common continuation; point-mass drafts."""
+    method = "rest"
+    def __init__(self, datastore: TokenDatastore, prompt_lookup_min: int = 3, prompt_lookup_max: int = 6,
+                 min_occurrences: int = 2):
+        self.own = NgramProposer(prompt_lookup_min, prompt_lookup_max)           # checks the bounds
+        self.store, self.min_occurrences = datastore, min_occurrences
+
+    def propose(self, seqs, num_tokens, hidden=None):
+        out = []
+        for s, k in zip(seqs, num_tokens):
+            d = ngram_lookup(s.token_ids, k, self.own.min_n, self.own.max_n)
+            out.append(Draft(d or self.store.draft(s.token_ids[-self.store.depth:], k, 2, self.store.depth,
+                                                   self.min_occurrences)))
+        return out
+
+_DATASTORES: dict = {}
+
+def load_datastore(path, tokenizer) -> TokenDatastore:
+    """The datastore of a UTF-8 text file, tokenized with the target's tokenizer; built once per process and file
+    (a 9 MB corpus: ~2.6M tokens, a few seconds to tokenize and index)."""
+    from pathlib import Path
+    p = Path(path)
+    if not p.is_file(): raise ValueError(f"datastore: {p} is not a file (a UTF-8 text of the kind of text expected)")
+    key = (str(p.resolve()), p.stat().st_mtime_ns, getattr(tokenizer, "source", id(tokenizer)))
+    if key not in _DATASTORES:
+        text = p.read_text(encoding="utf-8")
+        chunks, i = [], 0
+        while i < len(text):                                                  # ~64 KB pieces cut at line ends
+            j = text.find("\n", i + (1 << 16)); j = len(text) if j < 0 else j + 1
+            chunks.append(text[i:j]); i = j
+        ids = [t for ids in tokenizer.tok.encode_batch(chunks, add_special_tokens=False) for t in ids.ids]
+        _DATASTORES[key] = TokenDatastore(ids)
+    return _DATASTORES[key]
+
 
 # %% ../../nbs/32_proposers.ipynb #42beb6f1
 def draft_generator(seq: Sequence) -> torch.Generator | None:

@@ -15,14 +15,14 @@ from ..model.model import load_model
 from ..engine.sequence import Sequence
 from ..engine.llm_engine import LLMEngine, EngineConfig, RequestOutput
 from .rejection import verify_batch
-from .proposers import Proposer, NgramProposer, DraftModelProposer, check_vocab
+from .proposers import Proposer, NgramProposer, DraftModelProposer, RestProposer, check_vocab, load_datastore
 from .medusa import MedusaProposer, load_medusa, default_medusa_path
 
 # %% auto #0
-__all__ = ['SPEC_METHODS', 'SpeculativeConfig', 'SpeculativeEngine', 'make_proposer']
+__all__ = ['SPEC_METHODS', 'SpeculativeConfig', 'SpeculativeEngine', 'default_datastore', 'make_proposer']
 
 # %% ../../nbs/34_spec_engine.ipynb #c011af5f
-SPEC_METHODS = ("ngram", "draft_model", "medusa")
+SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest")
 
 @dataclass
 class SpeculativeConfig:
@@ -32,6 +32,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int | None = None # no drafts while more than this many requests run (>= 2)
+    datastore: str | None = None             # rest: a UTF-8 text file (default: the shipped corpus, for shipped models)
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
@@ -43,7 +44,9 @@ class SpeculativeConfig:
         n = self.disable_by_batch_size
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 2):
             raise ValueError(f"disable_by_batch_size: must be an integer >= 2 or None, got {n!r}")
-        if self.method == "ngram": NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)   # checks the bounds
+        if self.method in ("ngram", "rest"): NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)   # checks the bounds
+        if self.datastore is not None and self.method != "rest":
+            raise ValueError(f"datastore: only the 'rest' method reads a datastore, not {self.method!r}")
 
     @classmethod
     def from_dict(cls, d) -> "SpeculativeConfig":
@@ -208,9 +211,22 @@ def _row_groups(samplers: list[Sequence]) -> list[tuple[Sequence, int, int]]:
     return groups
 
 # %% ../../nbs/34_spec_engine.ipynb #296896f3
+def default_datastore(source) -> Path | None:
+    "The training corpus beside a shipped checkpoint (`data/models/NAME` -> `data/corpus/train.txt`), else None."
+    if source is None: return None
+    f = Path(source).resolve().parents[1] / "corpus" / "train.txt"
+    return f if f.is_file() and Path(source).resolve().parent.name == "models" else None
+
 def make_proposer(spec: SpeculativeConfig, target, engine: LLMEngine, source: str | Path | None = None) -> Proposer:
     "The proposer a configuration asks for, checked against the target model."
     if spec.method == "ngram": return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "rest":
+        path = spec.datastore or default_datastore(source)
+        if path is None:
+            raise ValueError("datastore: give speculative_config['datastore'], a text file of the kind of text expected "
+                             "(only the shipped models have a default, the corpus they were trained on)")
+        if engine.tokenizer is None: raise ValueError("datastore: the engine has no tokenizer to read a text datastore with")
+        return RestProposer(load_datastore(path, engine.tokenizer), spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "draft_model":
         path = resolve_model_path(spec.model or "tiny-draft")
         check_vocab(load_config(path), target.config, "model")

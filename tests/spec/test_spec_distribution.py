@@ -8,7 +8,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.sampling import SamplingParams, chi2_quantile, probs_from_logits
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.spec.spec_engine import SpeculativeEngine
-from inferlab.spec.proposers import DraftModelProposer
+from inferlab.spec.proposers import DraftModelProposer, RestProposer, TokenDatastore
 from inferlab.spec.medusa import MedusaHeads, MedusaProposer
 from inferlab.testing import random_model
 
@@ -85,6 +85,11 @@ def proposer(method, target):
         with torch.no_grad():
             heads.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(2)); heads.bias.normal_(0, 0.3)
         return MedusaProposer(heads)
+    if method == "rest":                                    # a datastore of what the target favours: its greedy text
+        from inferlab.model.generate import generate        # after every pair of tokens, so every context matches
+        sp, V = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), CFG.vocab_size
+        text = [t for a in range(V) for b in range(V) for t in [a, b] + generate(target, None, [a, b], sp)[0].token_ids]
+        return RestProposer(TokenDatastore(text), prompt_lookup_min=4, prompt_lookup_max=6, min_occurrences=1)
     return None                                             # ngram: built from the configuration
 
 @pytest.fixture(scope="module")
@@ -113,7 +118,7 @@ def worst(counts, exact, test=goodness_of_fit):
 fmt = lambda figs: "; ".join(f"pos {j + 1}: {st:.1f} (dof {d}, limit {lim:.1f})" for j, (st, d, lim) in enumerate(figs))
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest"])
 def test_same_distribution(method, setting, target, exact, plain):
     eng = spec_engine(method, target)
     counts = first_tokens(eng, prompt_of(target), SETTINGS[setting], 1_000_000)
@@ -135,7 +140,7 @@ class AcceptEverything(SpeculativeEngine):
             out.append(list(seq.draft_token_ids) + [sample(logits[r0 + n - 1], seq.params, seq.generator)])
         return out
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest"])
 def test_biased_verifier_is_rejected(method, target, exact):
     counts = first_tokens(spec_engine(method, target, AcceptEverything), prompt_of(target), SETTINGS["T=1.0"], 1_000_000)
     ratio, figs = worst(counts, exact["T=1.0"])

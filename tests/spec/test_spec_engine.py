@@ -15,7 +15,8 @@ from inferlab.testing import random_model
 TINY = shipped_model_path("tiny-dense")
 METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
            "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
-           "medusa": {"method": "medusa", "num_speculative_tokens": 4}}
+           "medusa": {"method": "medusa", "num_speculative_tokens": 4},
+           "rest": {"method": "rest", "num_speculative_tokens": 4}}   # datastore: the shipped corpus's training split
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")
@@ -112,6 +113,20 @@ def test_disable_by_batch_size(target, tok, prompts):
                                         ({"method": "ngram", "bogus": 1}, "bogus"), ({"method": "eagle"}, "method")])
 def test_bad_config(bad, field, target, tok):
     with pytest.raises(ValueError, match=field): SpeculativeEngine(target, tok, None, bad)
+
+def test_rest_datastore_errors(target, tok, tmp_path):
+    with pytest.raises(ValueError, match="datastore: only the 'rest' method"):
+        SpeculativeEngine(target, tok, None, {"method": "ngram", "datastore": "x.txt"})
+    with pytest.raises(ValueError, match="datastore: .*nowhere.txt is not a file"):
+        SpeculativeEngine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "nowhere.txt")})
+    with pytest.raises(ValueError, match=r"datastore: give speculative_config\['datastore'\]"):
+        SpeculativeEngine(target, tok, None, {"method": "rest"}, source=tmp_path)       # not a shipped model: no default
+    (tmp_path / "one.txt").write_text("x")
+    with pytest.raises(ValueError, match="datastore: needs at least 2 tokens"):
+        SpeculativeEngine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "one.txt")})
+    (tmp_path / "code.txt").write_text("def add(a, b):\n    return a + b\n\n" * 50)   # a datastore of its own
+    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=1), {"method": "rest", "datastore": str(tmp_path / "code.txt")})
+    assert eng.proposer.method == "rest" and len(eng.proposer.store.tokens) > 100
 
 def test_draft_with_other_vocabulary(target, tok, tmp_path):
     from inferlab.model.model import save_model
