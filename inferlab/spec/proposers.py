@@ -153,12 +153,11 @@ class RestProposer(Proposer):
         self.store, self.min_occurrences = datastore, min_occurrences
 
     def propose(self, seqs, num_tokens, hidden=None):
-        out = []
-        for s, k in zip(seqs, num_tokens):
-            d = ngram_lookup(s.token_ids, k, self.own.min_n, self.own.max_n)
-            out.append(Draft(d or self.store.draft(s.token_ids[-self.store.depth:], k, 2, self.store.depth,
-                                                   self.min_occurrences)))
-        return out
+        drafts = self.own.propose(seqs, num_tokens)                              # the sequence's own text first
+        for d, s, k in zip(drafts, seqs, num_tokens):
+            if not d.tokens: d.tokens = self.store.draft(s.token_ids[-self.store.depth:], k, 2, self.store.depth,
+                                                         self.min_occurrences)
+        return drafts
 
 _DATASTORES: dict = {}
 

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 import torch
-from ..model.config import load_config, resolve_model_path
+from ..model.config import load_config, resolve_model_path, data_dir
 from ..model.model import load_model
 from ..engine.sequence import Sequence
 from ..engine.llm_engine import LLMEngine, EngineConfig, RequestOutput
@@ -213,9 +213,9 @@ def _row_groups(samplers: list[Sequence]) -> list[tuple[Sequence, int, int]]:
 # %% ../../nbs/34_spec_engine.ipynb #296896f3
 def default_datastore(source) -> Path | None:
     "The training corpus beside a shipped checkpoint (`data/models/NAME` -> `data/corpus/train.txt`), else None."
-    if source is None: return None
-    f = Path(source).resolve().parents[1] / "corpus" / "train.txt"
-    return f if f.is_file() and Path(source).resolve().parent.name == "models" else None
+    if source is None or Path(source).resolve().parent != (data_dir() / "models").resolve(): return None
+    f = data_dir() / "corpus" / "train.txt"
+    return f if f.is_file() else None
 
 def make_proposer(spec: SpeculativeConfig, target, engine: LLMEngine, source: str | Path | None = None) -> Proposer:
     "The proposer a configuration asks for, checked against the target model."
