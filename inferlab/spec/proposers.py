@@ -7,6 +7,7 @@ Docs: https://inferlab.github.io/inferlab/proposers.html.md"""
 # %% ../../nbs/32_proposers.ipynb #a5956a00
 from __future__ import annotations
 from dataclasses import dataclass
+from pathlib import Path
 import numpy as np
 import torch
 from ..model.config import ModelConfig
@@ -143,6 +144,8 @@ class TokenDatastore:
             at = at[nxt == tok] + 1                                               # follow the occurrences that agree
         return out
 
+
+# %% ../../nbs/32_proposers.ipynb #5e3b7d21
 class RestProposer(Proposer):
     """Retrieval-based drafts: prompt lookup in the sequence's own tokens first (as `NgramProposer`), and where that
     finds nothing, the datastore's most common continuation; point-mass drafts."""
@@ -155,8 +158,9 @@ class RestProposer(Proposer):
     def propose(self, seqs, num_tokens, hidden=None):
         drafts = self.own.propose(seqs, num_tokens)                              # the sequence's own text first
         for d, s, k in zip(drafts, seqs, num_tokens):
-            if not d.tokens: d.tokens = self.store.draft(s.token_ids[-self.store.depth:], k, 2, self.store.depth,
-                                                         self.min_occurrences)
+            if not d.tokens:                    # the corpus votes, so a 2-token match is enough where 2+ occurrences agree
+                d.tokens = self.store.draft(s.token_ids[-self.store.depth:], k, min_n=2, max_n=self.store.depth,
+                                            min_occurrences=self.min_occurrences)
         return drafts
 
 _DATASTORES: dict = {}
@@ -164,7 +168,6 @@ _DATASTORES: dict = {}
 def load_datastore(path, tokenizer) -> TokenDatastore:
     """The datastore of a UTF-8 text file, tokenized with the target's tokenizer; built once per process and file
     (a 9 MB corpus: ~2.6M tokens, a few seconds to tokenize and index)."""
-    from pathlib import Path
     p = Path(path)
     if not p.is_file(): raise ValueError(f"datastore: {p} is not a file (a UTF-8 text of the kind of text expected)")
     key = (str(p.resolve()), p.stat().st_mtime_ns, getattr(tokenizer, "source", id(tokenizer)))
@@ -177,7 +180,6 @@ def load_datastore(path, tokenizer) -> TokenDatastore:
         ids = [t for ids in tokenizer.tok.encode_batch(chunks, add_special_tokens=False) for t in ids.ids]
         _DATASTORES[key] = TokenDatastore(ids)
     return _DATASTORES[key]
-
 
 # %% ../../nbs/32_proposers.ipynb #42beb6f1
 def draft_generator(seq: Sequence) -> torch.Generator | None:
