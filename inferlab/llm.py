@@ -15,7 +15,7 @@ from .engine.model_runner import pack_model
 from .quant.linear import QuantLinear
 from .quant.quantize import QuantRecipe, quantize
 from .quant.kernels import use_gpu_kernels
-from .spec.spec_engine import SpeculativeEngine, SpeculativeConfig
+from .spec_decode.spec_engine import SpeculativeEngine, SpeculativeConfig
 from .parallel.tensor_parallel import ParallelConfig
 from .parallel.engine import launch
 

@@ -2,7 +2,7 @@
 
     python tools/check_layers.py          # summary; exit 1 on any violation (`make test` runs it)
 
-Rules: one folder per layer (model 0x, engine 1x, quant 2x, spec 3x, parallel 4x, serve 5x, fleet 6x, frontier 7x);
+Rules: one folder per layer (model 0x, engine 1x, quant 2x, spec_decode 3x, parallel 4x, serve 5x, fleet 6x, frontier 7x);
 a module imports only its own layer and lower ones; the facade at the package root (`__init__`, `llm`, `cli`) may
 import any layer; `testing` (shared fixtures) sits just above the engine; no import cycles, imports inside functions
 (lazy imports) included; no module over 400 lines (`_modidx.py`, nbdev's generated symbol index, is not a module
@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "inferlab"
-LAYERS = {"model": 0, "engine": 1, "quant": 2, "spec": 3, "parallel": 4, "serve": 5, "fleet": 6, "frontier": 7}
+LAYERS = {"model": 0, "engine": 1, "quant": 2, "spec_decode": 3, "parallel": 4, "serve": 5, "fleet": 6, "frontier": 7}
 ROOT = {"__init__": 9, "llm": 9, "cli": 9, "testing": 1.5}     # facade modules and the shared fixtures
 SKIP = {"_modidx"}
 MAX_LINES = 400

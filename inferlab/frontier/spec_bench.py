@@ -10,7 +10,7 @@ import statistics, time
 from ..model.config import shipped_model_path
 from ..model.sampling import SamplingParams
 from ..engine.llm_engine import LLMEngine, EngineConfig
-from ..spec.spec_engine import SpeculativeEngine, default_datastore
+from ..spec_decode.spec_engine import SpeculativeEngine, default_datastore
 from .bench import corpus_token_ids, text_workload
 
 # %% auto #0

@@ -15,10 +15,11 @@ from ..model.config import ModelConfig, num_params
 from ..model.hardware import gpu_spec
 
 # %% auto #0
-__all__ = ['OPS', 'SIZES', 'LINKS', 'free_port', 'init_distributed', 'run_spmd', 'ring_all_reduce', 'demo_collectives',
-           'bus_factor', 'bandwidths', 'measure_collectives', 'collective_time', 'ring_allreduce_time',
-           'ring_allgather_time', 'ring_reduce_scatter_time', 'all_to_all_time', 'fit_alpha_beta', 'link_params',
-           'tp_allreduce_bytes', 'tp_comm_time', 'decode_compute_time', 'ep_all_to_all_bytes']
+__all__ = ['OPS', 'SIZES', 'LINKS', 'free_port', 'import_group_capturers', 'init_distributed', 'run_spmd', 'ring_all_reduce',
+           'demo_collectives', 'bus_factor', 'bandwidths', 'measure_collectives', 'collective_time',
+           'ring_allreduce_time', 'ring_allgather_time', 'ring_reduce_scatter_time', 'all_to_all_time',
+           'fit_alpha_beta', 'link_params', 'tp_allreduce_bytes', 'tp_comm_time', 'decode_compute_time',
+           'ep_all_to_all_bytes']
 
 # %% ../../nbs/40_collectives.ipynb #cf7a6fe7
 def free_port() -> int:
@@ -27,18 +28,41 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+def import_group_capturers():
+    """Import, before a process group exists, the torch modules that capture it: `torch.distributed.optim` and FSDP's
+    grad scaler evaluate `group=dist.group.WORLD` as a default argument at import. Imported after the group starts
+    (building a model on the meta device imports `torch._dynamo`, which imports both), they would hold the group for
+    the life of the process: `destroy_process_group` could not free it, and its gloo threads would still run at
+    interpreter exit, where one finishing a collective's clean-up aborts the process."""
+    import torch._dynamo  # noqa: F401  (imports both; they then hold None, not the group)
+
+def _join_store(rank: int, world_size: int, port: int, timeout, on_wait) -> dist.TCPStore:
+    """The rendezvous store on `port`: rank 0 serves it and waits, calling `on_wait()` between polls, until every
+    other rank has checked in, so that a caller watching its workers hears of one that died instead of blocking."""
+    store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timeout, wait_for_workers=False)
+    if rank > 0: store.add("inferlab/joined", 1); return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while (n := store.add("inferlab/joined", 0)) < world_size - 1:
+        if on_wait is not None: on_wait()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"init_distributed: {n + 1} of {world_size} ranks joined in {timeout.total_seconds():.0f} s")
+        time.sleep(0.02)
+    return store
+
 def init_distributed(rank: int | None = None, world_size: int | None = None, port: int | None = None,
-                     backend: str | None = None, timeout_s: float = 60.0) -> tuple[int, int]:
-    """Join the default process group: over a loopback TCP store on `port` when given, else from `torchrun`'s
-    environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`). `backend`: gloo on CPU, nccl when CUDA is
-    available. A collective that waits longer than `timeout_s` raises instead of hanging. Returns (rank, world_size)."""
+                     backend: str | None = None, timeout_s: float = 60.0, on_wait=None) -> tuple[int, int]:
+    """Join the default process group: over a loopback TCP store on `port` when given (rank 0 serves it; `on_wait`
+    is called while it waits for the others), else from `torchrun`'s environment (`RANK`, `WORLD_SIZE`,
+    `MASTER_ADDR`, `MASTER_PORT`). `backend`: gloo on CPU, nccl when CUDA is available. A collective that waits
+    longer than `timeout_s` raises instead of hanging. Returns (rank, world_size)."""
     if dist.is_initialized(): return dist.get_rank(), dist.get_world_size()
+    import_group_capturers()
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     timeout = datetime.timedelta(seconds=timeout_s)
     if port is not None:
         if rank is None or world_size is None: raise ValueError("init_distributed: a port needs rank and world_size")
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=timeout)
+        store = _join_store(rank, world_size, port, timeout, on_wait)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     else:
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing: raise RuntimeError(f"init_distributed: no port given and {missing[0]} is not set (launch with torchrun)")

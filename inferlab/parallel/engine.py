@@ -6,7 +6,8 @@ Docs: https://inferlab.github.io/inferlab/parallel_engine.html.md"""
 
 # %% ../../nbs/44_parallel_engine.ipynb #103f8753
 from __future__ import annotations
-import os, time
+import ast, json, os, sys, time, weakref
+from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -20,8 +21,9 @@ from .worker import (OP_STEP, OP_STOP, OP_END, ParallelError, ParallelRunner, St
                                       recv_num_blocks, serve_steps, worker_main)
 
 # %% auto #0
-__all__ = ['FINISH_CODES', 'ParallelEngine', 'send_outputs', 'recv_outputs', 'FollowerEngine', 'DataParallelEngine',
-           'shutdown_group', 'launch', 'comm_seconds']
+__all__ = ['FINISH_CODES', 'GUARD_HINT', 'ParallelEngine', 'send_outputs', 'recv_outputs', 'FollowerEngine', 'follower_stop',
+           'DataParallelEngine', 'unguarded_main_line', 'WorkerWatch', 'spawn_workers', 'shutdown_group',
+           'backend_threads', 'launch', 'comm_seconds']
 
 # %% ../../nbs/44_parallel_engine.ipynb #ebbc0cd6
 FINISH_CODES = {None: 0, "stop": 1, "length": 2, "abort": 3, "error": 4}
@@ -33,6 +35,7 @@ class ParallelEngine(LLMEngine):
         self.parallel, self.threads, self.workers, self.spmd = parallel, threads, list(workers), spmd
         self._added, self._index, self._report = 0, {}, []      # torchrun: what the other ranks' callers are owed
         super().__init__(model, tokenizer, config)
+        self._finalizer = weakref.finalize(self, shutdown_group, self.runner, self.workers)   # collected or at exit
 
     def make_runner(self, num_blocks: int, kv_scales=None):
         return ParallelRunner(self.model, num_blocks, self.config.block_size, self.parallel, self.threads, self.workers)
@@ -57,7 +60,7 @@ class ParallelEngine(LLMEngine):
                 self.runner.send(OP_END); send_outputs(self._report); self._report = []
         return outputs
 
-    def shutdown(self): shutdown_group(self.runner, self.workers)
+    def shutdown(self): self._finalizer()          # once: a second call, or the finalizer after it, does nothing
 
 # %% ../../nbs/44_parallel_engine.ipynb #2c7a3acf
 def send_outputs(report: list):
@@ -89,6 +92,7 @@ def recv_outputs() -> list[tuple]:
         ti, bi = ti + nt, bi + nb
     return out
 
+# %% ../../nbs/44_parallel_engine.ipynb #9327d090
 class FollowerEngine:
     """A torchrun rank ≥ 1: `add_request` only counts (rank 0 validates and schedules), `step` runs rank 0's steps
     until the call ends and returns what rank 0 produced, so every rank's `LLM.generate` returns the same outputs."""
@@ -96,6 +100,7 @@ class FollowerEngine:
         self.runner, self.tokenizer, self.model, self.workers = runner, tokenizer, model, []
         self.channel, self.config, self.max_model_len = StepChannel(1), None, model.config.max_position_embeddings
         self._added, self._pending = 0, {}
+        self._finalizer = weakref.finalize(self, follower_stop, self.channel)
 
     def add_request(self, prompt, params=None, request_id=None, priority: int = 0, arrival_time=None) -> str:
         rid = request_id if request_id is not None else f"rank{dist.get_rank()}-{self._added}"
@@ -106,7 +111,9 @@ class FollowerEngine:
     def abort(self, request_id: str) -> bool: return False         # rank 0 owns the requests
 
     def step(self) -> list[RequestOutput]:
-        if serve_steps(self.runner, self.channel, 0) == OP_STOP: raise ParallelError("rank 0 shut the group down")
+        if serve_steps(self.runner, self.channel, 0) == OP_STOP:
+            self.channel.stopped = True         # the stop is taken: shutting down must not wait for another
+            raise ParallelError("rank 0 shut the group down")
         outs = []
         for idx, reason, toks, text, rejected in recv_outputs():
             rid, prompt = self._pending.pop(idx)
@@ -114,14 +121,17 @@ class FollowerEngine:
                                       toks, True, reason, error=ValueError(text) if rejected else None))
         return outs
 
-    def shutdown(self):
-        """Take rank 0's stop before closing the group: a rank that closed its end with rank 0's message still in
-        flight could abort in gloo's background thread ('terminate called without an active exception')."""
-        if not dist.is_initialized(): return
-        try:
-            while self.channel.recv()[0] != OP_STOP: pass
-        except Exception: pass                  # rank 0 is gone (the collective failed or timed out): nothing to take
-        dist.destroy_process_group()
+    def shutdown(self): self._finalizer()
+
+def follower_stop(channel: StepChannel):
+    """Take rank 0's stop before closing the group: a rank that closed its end with rank 0's message still in
+    flight could abort in gloo's background thread ('terminate called without an active exception')."""
+    if not dist.is_initialized(): return
+    try:
+        if getattr(channel, "stopped", False): raise StopIteration
+        while channel.recv()[0] != OP_STOP: pass
+    except Exception: pass                      # rank 0 is gone (the collective failed or timed out): nothing to take
+    dist.destroy_process_group()
 
 # %% ../../nbs/44_parallel_engine.ipynb #90c9376a
 class _Replica(LLMEngine):
@@ -146,6 +156,7 @@ class DataParallelEngine:
         self.model, self.max_model_len = r0.model, r0.max_model_len
         self.runner = ParallelRunner(model, r0.block_manager.num_blocks, config.block_size, parallel, threads, self.workers)
         self.owner: dict[str, _Replica] = {}
+        self._finalizer = weakref.finalize(self, shutdown_group, self.runner, self.workers)
 
     def add_request(self, prompt, params=None, request_id=None, priority: int = 0, arrival_time=None) -> str:
         holder = self.owner.get(request_id)
@@ -179,21 +190,94 @@ class DataParallelEngine:
         total = {k: sum(s[k] for s in per) for k in per[0]}
         total["prefix_hit_rate"] = total["prefix_hit_tokens"] / max(1, total["prefix_query_tokens"])
         return total | {"replicas": per}
-    def shutdown(self): shutdown_group(self.runner, self.workers)
+    def shutdown(self): self._finalizer()
 
 # %% ../../nbs/44_parallel_engine.ipynb #059f1d0f
+GUARD_HINT = ('a spawned worker re-imports the main script, so one that builds a parallel LLM at its top level builds '
+              'one in every worker: put that code under `if __name__ == "__main__":`')
+
+def _is_main_test(test) -> bool:
+    return ast.unparse(test).replace("'", '"') in ('__name__ == "__main__"', '"__main__" == __name__')
+
+def unguarded_main_line() -> int | None:
+    """The line of the main script running now at its top level outside `if __name__ == "__main__":`, or None (the
+    call is guarded, or there is no script a worker would re-import: an interactive session, a notebook)."""
+    main = sys.modules.get("__main__")
+    path, name = getattr(main, "__file__", None), getattr(getattr(main, "__spec__", None), "name", "")
+    if path is None or not os.path.isfile(path) or (name or "").endswith("__main__"): return None   # as spawn decides
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None: return None
+    try: tree = ast.parse(Path(path).read_text())
+    except (SyntaxError, OSError, UnicodeDecodeError): return None
+    guards = [n for n in ast.walk(tree) if isinstance(n, ast.If) and _is_main_test(n.test)]
+    return None if any(g.body[0].lineno <= frame.f_lineno <= g.end_lineno for g in guards) else frame.f_lineno
+
+# %% ../../nbs/44_parallel_engine.ipynb #2f87b65a
+class WorkerWatch:
+    "Rank 0's view of the workers it spawned, while they start: their reports (chapter 43) and their exit codes."
+    def __init__(self, procs: list, conns: list):
+        self.procs, self.conns, self.seen = procs, conns, [set() for _ in procs]
+
+    def _drain(self, i: int):
+        try:
+            while self.conns[i].poll():
+                msg = json.loads(self.conns[i].recv_bytes())
+                if msg["event"] == "error": raise RuntimeError(f"worker rank {i + 1} failed while starting:\n{msg['error']}")
+                self.seen[i].add(msg["event"])
+        except (EOFError, OSError): pass               # its end closed: the exit code says the rest
+
+    def check(self):
+        "Raise with a worker's own error if it reported one, else with its exit code if it died."
+        for i, p in enumerate(self.procs):
+            self._drain(i)
+            if p.exitcode is None: continue
+            self._drain(i)                             # a report written just before it exited
+            why = "" if "started" in self.seen[i] else f" before it started: {GUARD_HINT} (its error is printed above)"
+            raise RuntimeError(f"worker rank {i + 1} (pid {p.pid}) exited with code {p.exitcode}{why}")
+
+    def wait_for(self, event: str, timeout_s: float = 300.0):
+        "Return once every worker has reported `event`; raise at once if one fails first."
+        deadline = time.monotonic() + timeout_s
+        while not all(event in s for s in self.seen):
+            self.check()
+            if time.monotonic() > deadline: raise RuntimeError(f"workers did not report {event!r} in {timeout_s:.0f} s")
+            time.sleep(0.02)
+
+def spawn_workers(world: int, port: int, *args) -> tuple[list, WorkerWatch]:
+    "Start ranks 1 … world−1 (`worker_main(rank, world, port, *args, conn)`), each with a pipe for its reports."
+    ctx, procs, conns = mp.get_context("spawn"), [], []
+    for r in range(1, world):
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=worker_main, daemon=True, name=f"inferlab-rank{r}", args=(r, world, port, *args, send))
+        p.start(); send.close()                        # the worker holds the only writing end: EOF here once it exits
+        procs.append(p); conns.append(recv)
+    return procs, WorkerWatch(procs, conns)
+
+# %% ../../nbs/44_parallel_engine.ipynb #05777ff1
 def _under_torchrun() -> bool: return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_PORT" in os.environ
 
 def shutdown_group(runner, workers: list):
-    "Stop the workers and destroy the process group; safe to call twice and after a failure."
+    """Stop the workers (`OP_STOP`; one not gone in 5 s is killed), then destroy the process group; safe to call
+    twice and after a failure. Every engine registers it with `weakref.finalize`."""
     if runner is not None and not runner.broken and dist.is_initialized():
         try: runner.send(OP_STOP)
         except Exception: pass
     for p in workers:
-        p.join(timeout=5)
+        p.join(timeout=5 if runner is not None else 0)
         if p.is_alive(): p.kill(); p.join()
     if dist.is_initialized(): dist.destroy_process_group()
 
+def backend_threads() -> list[str]:
+    "This process's threads that belong to a process group's backend (gloo's loops): none once the group is freed."
+    names = []
+    for t in Path("/proc/self/task").glob("*"):
+        try: names.append((t / "comm").read_text().strip())
+        except OSError: pass                            # the thread ended while we looked
+    return [n for n in names if "gloo" in n or "nccl" in n.lower()]
+
+# %% ../../nbs/44_parallel_engine.ipynb #63d3225d
 def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, device=None, threads: int | None = None,
            **engine_config):
     "A parallel engine over `model`: rank 0's (`ParallelEngine`, `DataParallelEngine`) or a torchrun follower's."
@@ -206,7 +290,7 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
     shard_config(cfg, parallel.tensor_parallel_size, parallel.enable_expert_parallel, parallel.expert_parallel_size)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = threads or max(1, cores // world)
-    workers, spmd = [], _under_torchrun()
+    workers, watch, spmd = [], None, _under_torchrun()
     if spmd:
         if int(os.environ["WORLD_SIZE"]) != world:
             raise ValueError(f"tensor_parallel_size: torchrun started {os.environ['WORLD_SIZE']} processes, but "
@@ -216,17 +300,17 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
         rank_device(device, int(os.environ.get("LOCAL_RANK", 0)))        # the GPU before NCCL starts
         rank, _ = init_distributed(backend=backend_for(device))
     else:
+        if (line := unguarded_main_line()) is not None:
+            raise RuntimeError(f"tensor_parallel_size: {sys.modules['__main__'].__file__}:{line} runs at the script's top "
+                               f"level; {GUARD_HINT}")
         if dist.is_initialized():
             raise RuntimeError("launch: this process already has a process group (another parallel LLM?); shut it down first")
-        ctx, port = mp.get_context("spawn"), free_port()
-        workers = [ctx.Process(target=worker_main, daemon=True, name=f"inferlab-rank{r}",
-                               args=(r, world, port, str(path), parallel, config, dtype, device, threads))
-                   for r in range(1, world)]
-        for p in workers: p.start()
-        rank = 0
+        port, rank = free_port(), 0
+        workers, watch = spawn_workers(world, port, str(path), parallel, config, dtype, device, threads)
     try:
-        if not spmd: rank_device(device, 0); init_distributed(0, world, port, backend_for(device))
+        if not spmd: rank_device(device, 0); init_distributed(0, world, port, backend_for(device), on_wait=watch.check)
         rank_model = load_rank_model(path, parallel, rank, dtype, rank_device(device, rank))
+        if watch is not None: watch.wait_for("loaded")              # a worker's own loading error, at once
         tokenizer = load_tokenizer(path)
         if rank > 0:
             return FollowerEngine(make_rank_runner(rank_model, config, recv_num_blocks(), threads), tokenizer, rank_model)

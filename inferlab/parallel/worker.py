@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/parallel_runner.html.md"""
 
 # %% ../../nbs/43_parallel_runner.ipynb #6cb33967
 from __future__ import annotations
-import os, signal, time
+import json, os, signal, time, traceback
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
@@ -21,7 +21,8 @@ from .expert_parallel import EPMoEBlock, load_ep_model_shard
 # %% auto #0
 __all__ = ['OP_STEP', 'OP_STOP', 'OP_END', 'STEP_FIELDS', 'EMPTY_STEP', 'PackedStep', 'payload_size', 'pack_step', 'unpack_step',
            'comm_device', 'StepChannel', 'run_rank_step', 'load_rank_model', 'rank_device', 'backend_for',
-           'make_rank_runner', 'serve_steps', 'recv_num_blocks', 'worker_main', 'ParallelError', 'ParallelRunner']
+           'make_rank_runner', 'serve_steps', 'recv_num_blocks', 'report', 'worker_main', 'ParallelError',
+           'ParallelRunner']
 
 # %% ../../nbs/43_parallel_runner.ipynb #a983bc9a
 OP_STEP, OP_STOP, OP_END = 1, 2, 3      # a step follows; shut down; (torchrun) the caller's generate call is over
@@ -155,19 +156,31 @@ def recv_num_blocks() -> int:
     n = torch.zeros(1, dtype=torch.int64, device=comm_device()); dist.broadcast(n, 0)
     return int(n.item())
 
+# %% ../../nbs/43_parallel_runner.ipynb #ddbb822a
+def report(conn, event: str, **fields):
+    "Tell the launching process how far this worker got: one JSON object as bytes over `conn` (None: nobody asks)."
+    if conn is None: return
+    try: conn.send_bytes(json.dumps(dict(event=event, **fields)).encode())
+    except OSError: pass                               # the launcher is gone: nobody left to tell
+
 def worker_main(rank: int, world_size: int, port: int, path, parallel: ParallelConfig, engine_config, dtype, device,
-                threads: int):
-    "The body of a spawned worker process (rank ≥ 1)."
+                threads: int, conn=None):
+    "The body of a spawned worker process (rank ≥ 1); `conn`: the pipe its start-up reports go to."
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C reaches the whole process group: rank 0 decides, not us
-    torch.set_num_threads(threads)
-    device = rank_device(device, rank)
-    init_distributed(rank, world_size, port, backend_for(device))
     try:
+        report(conn, "started")
+        torch.set_num_threads(threads)
+        device = rank_device(device, rank)
+        init_distributed(rank, world_size, port, backend_for(device))
         model = load_rank_model(path, parallel, rank, dtype, device)
+        report(conn, "loaded")
         runner = make_rank_runner(model, engine_config, recv_num_blocks(), threads)
         serve_steps(runner, StepChannel(parallel.data_parallel_size), rank if parallel.data_parallel_size > 1 else 0)
+    except BaseException as e:
+        report(conn, "error", error="".join(traceback.format_exception(e)[-6:]).rstrip())
+        raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized(): dist.destroy_process_group()
 
 # %% ../../nbs/43_parallel_runner.ipynb #45107872
 class ParallelError(EngineDeadError):

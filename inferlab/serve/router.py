@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/router.html.md"""
 
 # %% ../../nbs/58_router.ipynb #8506fd26
 from __future__ import annotations
-import json, os, re, secrets, subprocess, sys, threading, time
+import json, os, re, secrets, subprocess, sys, threading, time, weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener, wait
 from types import SimpleNamespace
@@ -18,7 +18,8 @@ from ..engine.block_manager import block_hash
 from .disagg import send, recv, params_dict, no_delay
 
 # %% auto #0
-__all__ = ['parse_disaggregation', 'prompt_hashes', 'remote_prefill', 'Worker', 'Route', 'start_workers', 'DisaggRouter']
+__all__ = ['parse_disaggregation', 'prompt_hashes', 'remote_prefill', 'Worker', 'Route', 'start_workers', 'DisaggRouter',
+           'stop_workers']
 
 # %% ../../nbs/58_router.ipynb #c2080000
 def parse_disaggregation(spec: str) -> tuple[int, int]:
@@ -119,6 +120,7 @@ class DisaggRouter:
         self.max_model_len = min(cfg.max_position_embeddings, self.config.max_model_len or cfg.max_position_embeddings)
         self.max_local_prefill_length, self.max_prefill_queue = max_local_prefill_length, max_prefill_queue
         self.workers, self._listener = start_workers(path, num_prefill, num_decode, dtype, engine_config)
+        self._finalizer = weakref.finalize(self, stop_workers, self.workers, self._listener)
         self.requests: dict[str, Route] = {}
         self._done: list[RequestOutput] = []
         self.kv_bytes = self.kv_blocks = self.remote_prefills = self.local_prefills = self.fallbacks = self.rerouted = 0
@@ -289,14 +291,16 @@ class DisaggRouter:
                     local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted, free_blocks=bm.num_free_blocks,
                     num_blocks=bm.num_blocks, workers={w.name: w.alive for w in self.workers})
 
-    def shutdown(self):
-        "Stop every worker (a stop message, then SIGKILL after 5 s) and close the listener."
-        for w in self.workers:
-            if w.alive:
-                try: send(w.conn, dict(op="stop"))
-                except OSError: pass
-        for w in self.workers:
-            try: w.proc.wait(5)
-            except subprocess.TimeoutExpired: w.proc.kill(); w.proc.wait()
-            w.alive = False
-        self._listener.close()
+    def shutdown(self): self._finalizer()     # once; also when the router is collected or the interpreter exits
+
+def stop_workers(workers: list[Worker], listener):
+    "Stop every worker (a stop message, then SIGKILL after 5 s) and close the listener."
+    for w in workers:
+        if w.alive:
+            try: send(w.conn, dict(op="stop"))
+            except OSError: pass
+    for w in workers:
+        try: w.proc.wait(5)
+        except subprocess.TimeoutExpired: w.proc.kill(); w.proc.wait()
+        w.alive = False
+    listener.close()

@@ -62,3 +62,50 @@ def test_killed_worker_is_an_error_within_30s(no_stray_processes):
         llm.generate("hello", SamplingParams(max_tokens=2))
     llm.shutdown()
     assert not worker.is_alive()
+
+def _script(tmp_path, body: str) -> subprocess.CompletedProcess:
+    (tmp_path / "script.py").write_text(body)
+    return subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+def test_unguarded_script_fails_at_once_naming_the_guard(tmp_path, no_stray_processes):
+    t0 = time.monotonic()
+    run = _script(tmp_path, "from inferlab.llm import LLM\nllm = LLM('tiny-dense', tensor_parallel_size=2)\n"
+                            "print(llm.generate('def f(')[0].text)\n")
+    took = time.monotonic() - t0
+    assert run.returncode == 1 and took < 15, (took, run.stderr[-2000:])
+    assert 'script.py:2 runs at the script\'s top level' in run.stderr and 'if __name__ == "__main__":' in run.stderr
+
+def test_worker_that_fails_to_load_ends_the_launch_with_its_error(monkeypatch, no_stray_processes):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).with_name("failing_worker")),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)worker rank 1 failed while starting.*rank 1's copy is truncated"):
+        LLM("tiny-dense", dtype="float32", tensor_parallel_size=2)
+    assert time.monotonic() - t0 < 15
+    from inferlab.parallel.engine import backend_threads
+    import torch.distributed as dist
+    assert not dist.is_initialized() and backend_threads() == []
+
+def test_a_dropped_parallel_llm_gives_back_its_workers_and_group(no_stray_processes):
+    import gc
+    import torch.distributed as dist
+    from inferlab.parallel.engine import backend_threads
+    first = LLM("tiny-dense", dtype="float32", tensor_parallel_size=2)
+    workers = list(first.engine.workers)
+    want = first.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0))[0].token_ids
+    del first; gc.collect()
+    assert not any(p.is_alive() for p in workers) and not dist.is_initialized() and backend_threads() == []
+    second = LLM("tiny-dense", dtype="float32", tensor_parallel_size=2)     # the same process, a new group
+    assert second.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0))[0].token_ids == want
+    second.shutdown(); second.shutdown()                                   # idempotent
+
+def test_exit_with_a_live_parallel_llm_is_clean(tmp_path, no_stray_processes):
+    run = _script(tmp_path, "import os\nfrom inferlab.llm import LLM\nif __name__ == '__main__':\n"
+                            "    llm = LLM('tiny-dense', dtype='float32', tensor_parallel_size=2)\n"
+                            "    llm.generate('def f(', {'max_tokens': 4})\n"
+                            "    print(*[p.pid for p in llm.engine.workers])\n")     # exits with the LLM alive
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "terminate called" not in run.stderr
+    for pid in map(int, run.stdout.split()):
+        with pytest.raises(ProcessLookupError): os.kill(pid, 0)               # the worker went with it

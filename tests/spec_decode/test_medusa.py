@@ -8,7 +8,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.sequence import Sequence
 from inferlab.testing import random_model
-from inferlab.spec.medusa import (MedusaHeads, MedusaProposer, save_medusa, load_medusa, default_medusa_path,
+from inferlab.spec_decode.medusa import (MedusaHeads, MedusaProposer, save_medusa, load_medusa, default_medusa_path,
                                   train_medusa, head_hits, chain_acceptance, tokens_per_pass, lm_head_fingerprint)
 
 CFG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -7,9 +7,9 @@ import torch
 from inferlab.model.config import ModelConfig
 from inferlab.model.sampling import SamplingParams, chi2_quantile, probs_from_logits
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
-from inferlab.spec.spec_engine import SpeculativeEngine
-from inferlab.spec.proposers import DraftModelProposer, RestProposer, TokenDatastore
-from inferlab.spec.medusa import MedusaHeads, MedusaProposer
+from inferlab.spec_decode.spec_engine import SpeculativeEngine
+from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, TokenDatastore
+from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
 from inferlab.testing import random_model
 
 RUNS, POSITIONS, ALPHA = 20_000, 3, 0.001

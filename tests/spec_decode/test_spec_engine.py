@@ -9,7 +9,7 @@ from inferlab.model.tokenizer import load_tokenizer
 from inferlab.model.train import read_corpus
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
-from inferlab.spec.spec_engine import SpeculativeEngine, SpeculativeConfig
+from inferlab.spec_decode.spec_engine import SpeculativeEngine, SpeculativeConfig
 from inferlab.testing import random_model
 
 TINY = shipped_model_path("tiny-dense")
@@ -158,7 +158,7 @@ def test_llm_facade_and_cli(capsys):
 
 def test_drafts_fit_the_cpu_decode_path(target, tok, prompts):
     "With a few requests running, drafts are cut so that a verification stays on the runner's NumPy decode path."
-    from inferlab.spec.spec_engine import _fit_to_path
+    from inferlab.spec_decode.spec_engine import _fit_to_path
     assert _fit_to_path([5, 5, 5, 5], 4, 8) == [1, 1, 1, 1] and _fit_to_path([5, 3], 2, 8) == [3, 3]
     assert _fit_to_path([5] * 9, 9, 8) == [5] * 9 and _fit_to_path([5, 5], 2, None) == [5, 5]   # past the path / no path
     eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=4), METHODS["ngram"])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from inferlab.model.config import ModelConfig
 from inferlab.testing import random_model
-from inferlab.spec.arithmetic import (expected_tokens, walltime_speedup, speedup_with_verify_cost, best_gamma,
+from inferlab.spec_decode.arithmetic import (expected_tokens, walltime_speedup, speedup_with_verify_cost, best_gamma,
                                       acceptance_from_tv, measure_verify_cost, verify_ratios)
 
 ALPHAS = [i / 20 for i in range(20)] + [0.99, 0.999]
