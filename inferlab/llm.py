@@ -7,61 +7,45 @@ Docs: https://inferlab.github.io/inferlab/llm.html.md"""
 # %% ../nbs/17_llm.ipynb #52751cc7
 from __future__ import annotations
 import dataclasses, threading
+import torch.nn as nn
 from .model.config import resolve_model_path
 from .model.model import load_model
 from .model.tokenizer import load_tokenizer
-from .engine.llm_engine import LLMEngine, EngineConfig, RequestOutput, as_params
-from .engine.model_runner import pack_model
-from .quant.linear import QuantLinear
-from .quant.quantize import QuantRecipe, quantize
-from .quant.kernels import use_gpu_kernels
-from .spec_decode.spec_engine import SpeculativeEngine, SpeculativeConfig
+from .engine.interface import Engine, RequestOutput
+from .engine.llm_engine import LLMEngine, EngineConfig
+from .quant.presets import check_quantization, quantize_model
+from .spec_decode.spec_decoder import SpeculativeConfig, add_speculation
 from .parallel.tensor_parallel import ParallelConfig
 from .parallel.engine import launch
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['QUANTIZATION_RECIPES', 'engine_for', 'build_engine', 'as_prompt_list', 'LLM']
+__all__ = ['build_engine', 'as_prompt_list', 'LLM']
 
 # %% ../nbs/17_llm.ipynb #202e57ee
-QUANTIZATION_RECIPES = {"w8a16": dict(weights="int8"), "w4a16": dict(weights="int4-g128"),
-                        "w8a8": dict(weights="int8", activations="int8"), "fp8": dict(weights="fp8"),
-                        "mxfp4": dict(weights="mxfp4"), "nvfp4": dict(weights="nvfp4")}
-
-def _check_quantization(quantization):
-    if quantization is not None and quantization not in QUANTIZATION_RECIPES:
-        raise ValueError(f"quantization: {quantization!r} is not supported; valid: None, {', '.join(QUANTIZATION_RECIPES)}")
-
-def engine_for(model, tokenizer=None, *, quantization: str | None = None, speculative_config: dict | None = None,
-               source=None, **engine_config) -> LLMEngine:
-    """An engine over a model in memory, quantized first if asked, speculating if `speculative_config` (vLLM's keys,
-    chapter 34) says so; the caller's model is not changed. `source`: its checkpoint directory (default heads)."""
-    _check_quantization(quantization)
-    if speculative_config is not None: SpeculativeConfig.from_dict(speculative_config)   # fail before any work
-    config = EngineConfig(**engine_config)
-    if quantization is not None:    # pack first: the recipes quantize the fused projections; the engine must not repack
-        model = quantize(pack_model(model, k_major=False), QuantRecipe(**QUANTIZATION_RECIPES[quantization]))
-        use_gpu_kernels(model)      # Triton dequantize-fused matmuls for layers on CUDA (chapter 24); none on CPU
-        config = dataclasses.replace(config, pack_weights=False)
-    if speculative_config is not None:
-        return SpeculativeEngine(model, tokenizer, config, speculative_config, source=source)
-    return LLMEngine(model, tokenizer, config)
-
-def build_engine(model=None, *, dtype=None, device=None, quantization: str | None = None,
+def build_engine(model=None, tokenizer=None, *, dtype=None, device=None, quantization: str | None = None,
                  speculative_config: dict | None = None, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                 enable_expert_parallel: bool = False, **engine_config) -> LLMEngine:
-    """Load a checkpoint (default: the shipped tiny-dense) and its tokenizer, quantize if asked, start an engine;
-    across `tensor_parallel_size × data_parallel_size` processes (chapter 44) when that is more than one."""
-    _check_quantization(quantization); EngineConfig(**engine_config)   # bad arguments fail before the weights load
-    if speculative_config is not None: SpeculativeConfig.from_dict(speculative_config)
+                 enable_expert_parallel: bool = False, **engine_config) -> Engine:
+    """The one factory: a checkpoint (default: the shipped tiny-dense) or a model in memory, quantized with a preset
+    if asked, in an engine in this process or over `tensor_parallel_size × data_parallel_size` processes (chapter 44),
+    speculating if `speculative_config` (vLLM's keys, chapter 34) says so."""
+    check_quantization(quantization)
+    config = EngineConfig(**engine_config)                 # bad arguments fail before the weights load
+    spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
     parallel = ParallelConfig(tensor_parallel_size, data_parallel_size, enable_expert_parallel)
     if parallel.world_size > 1:
-        for name, v in (("quantization", quantization), ("speculative_config", speculative_config)):
-            if v is not None: raise ValueError(f"{name}: not supported with tensor/expert/data parallelism yet")
-        return launch(model, parallel, dtype=dtype, device=device, **engine_config)
-    path = resolve_model_path(model)
-    engine = engine_for(load_model(path, dtype=dtype, device=device), load_tokenizer(path), quantization=quantization,
-                        speculative_config=speculative_config, source=path, **engine_config)
-    engine.model.source = str(path)
+        if isinstance(model, nn.Module):
+            raise ValueError("model: a parallel engine loads its checkpoint on every rank; give its directory or name")
+        return launch(model, parallel, dtype=dtype, device=device, quantization=quantization, speculative_config=spec,
+                      config=config)
+    if isinstance(model, nn.Module): source = getattr(model, "source", None)
+    else:
+        path = resolve_model_path(model)
+        model, tokenizer, source = load_model(path, dtype=dtype, device=device), tokenizer or load_tokenizer(path), str(path)
+    if quantization is not None:
+        model, config = quantize_model(model, quantization), dataclasses.replace(config, pack_weights=False)
+    engine = LLMEngine(model, tokenizer, config)
+    if spec is not None: add_speculation(engine, spec, source)
     return engine
 
 # %% ../nbs/17_llm.ipynb #55cda111
@@ -82,24 +66,26 @@ def as_prompt_list(prompts) -> list:
             raise ValueError(f"prompts[{i}]: expected a text or a list of token ids, got {type(p).__name__}")
     return prompts
 
+# %% ../nbs/17_llm.ipynb #f06286a3
 class LLM:
     "Offline inference: `LLM(model=None).generate(prompts, params)`; `stream(prompt, params)` yields text pieces."
     def __init__(self, model=None, *, dtype=None, device=None, **engine_config):
         self._attach(build_engine(model, dtype=dtype, device=device, **engine_config))
 
     @classmethod
-    def from_engine(cls, engine: LLMEngine) -> "LLM":
+    def from_engine(cls, engine: Engine) -> "LLM":
         "The offline API over an engine built by hand (a model already in memory, a custom config)."
         llm = cls.__new__(cls); llm._attach(engine)
         return llm
 
-    def _attach(self, engine: LLMEngine):
+    def _attach(self, engine: Engine):
         self.engine, self.tokenizer = engine, engine.tokenizer
         self._lock = threading.Lock()           # callers from several threads take turns (see generate)
 
     def shutdown(self):
-        "Stop a parallel engine's worker processes and its process group (nothing to do for one process)."
-        if hasattr(self.engine, "shutdown"): self.engine.shutdown()
+        """Give back the engine's worker processes and process group (nothing to do for one process). Dropping the
+        `LLM` does the same once it is collected, and so does the interpreter's exit."""
+        self.engine.shutdown()
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.shutdown()
@@ -134,25 +120,28 @@ class LLM:
                 for rid in ids: eng.abort(rid)
         return results
 
-    def chat(self, messages, params=None, use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """vLLM's `LLM.chat`: one conversation (a list of `{"role", "content"}` dicts) or a list of conversations,
-        each rendered with the checkpoint's chat template (the assistant's turn opened), then generated as `generate`."""
-        convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
-        if not (isinstance(convs, list) and convs and all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c)
-                                                           for c in convs)):
-            raise ValueError(f"messages: expected a conversation (a list of role/content dicts) or a list of them, got {messages!r:.60}")
-        if self.tokenizer is None: raise ValueError("messages: the model has no tokenizer, so no chat template")
-        return self.generate([self.tokenizer.apply_chat_template(c) for c in convs], params, use_tqdm)
+# %% ../nbs/17_llm.ipynb #b8f6eba2
+@patch
+def chat(self: LLM, messages, params=None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+    """vLLM's `LLM.chat`: one conversation (a list of `{"role", "content"}` dicts) or a list of conversations,
+    each rendered with the checkpoint's chat template (the assistant's turn opened), then generated as `generate`."""
+    convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
+    if not (isinstance(convs, list) and convs and all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c)
+                                                       for c in convs)):
+        raise ValueError(f"messages: expected a conversation (a list of role/content dicts) or a list of them, got {messages!r:.60}")
+    if self.tokenizer is None: raise ValueError("messages: the model has no tokenizer, so no chat template")
+    return self.generate([self.tokenizer.apply_chat_template(c) for c in convs], params, use_tqdm)
 
-    def stream(self, prompt, params=None):
-        "Yield the text of one request piece by piece as it is generated."
-        with self._lock:
-            rid = self.engine.add_request(prompt, params)
-            try:
-                while True:
-                    for out in self.engine.step():
-                        if out.request_id != rid: continue
-                        if out.new_text: yield out.new_text
-                        if out.finished: return
-            finally:                            # a consumer that stops early frees the request's blocks
-                self.engine.abort(rid)
+@patch
+def stream(self: LLM, prompt, params=None):
+    "Yield the text of one request piece by piece as it is generated."
+    with self._lock:
+        rid = self.engine.add_request(prompt, params)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id != rid: continue
+                    if out.new_text: yield out.new_text
+                    if out.finished: return
+        finally:                            # a consumer that stops early frees the request's blocks
+            self.engine.abort(rid)

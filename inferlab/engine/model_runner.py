@@ -305,6 +305,9 @@ class ModelRunner:
         8 rows go from 8.1 to 3.6 ms)."""
         return self.threads_for(decode=batch.num_tokens <= SMALL_STEP_TOKENS)
 
+    def shutdown(self):
+        "Nothing to give back for one process (chapter 43's runner stops its workers and process group here)."
+
     def threads_for(self, decode: bool = True):
         "The CPU pools a decode-sized step uses, for small work beside the model (a proposer's heads); none off CPU."
         return contextlib.nullcontext() if self.threads is None else self.threads.step(decode)

@@ -18,9 +18,9 @@ from ..model.config import (ModelConfig, load_config, resolve_model_path, resolv
 from ..model.model import CausalLM, load_state_dict, materialize, load_weights
 
 # %% auto #0
-__all__ = ['ONE_SHOT_MAX_BYTES', 'ParallelConfig', 'kv_heads_of_rank', 'shard_config', 'vocab_shard', 'shard_tensor',
-           'one_shot_all_reduce_', 'all_reduce_', 'all_gather_last', 'measure_all_reduce', 'comm_timer', 'RowParallel',
-           'VocabParallelEmbedding', 'ParallelLMHead', 'tensor_parallel_modules', 'wrap_row_parallel',
+__all__ = ['ONE_SHOT_MAX_BYTES', 'ParallelConfig', 'kv_heads_of_rank', 'inner_slice', 'shard_config', 'vocab_shard',
+           'shard_tensor', 'one_shot_all_reduce_', 'all_reduce_', 'all_gather_last', 'measure_all_reduce', 'comm_timer',
+           'RowParallel', 'VocabParallelEmbedding', 'ParallelLMHead', 'tensor_parallel_modules', 'wrap_row_parallel',
            'load_model_shard', 'tp_logits', 'rank_footprint']
 
 # %% ../../nbs/41_tensor_parallel.ipynb #bc12de25
@@ -51,26 +51,40 @@ def kv_heads_of_rank(rank: int, tp: int, num_kv_heads: int) -> list[int]:
     if num_kv_heads >= tp: return list(range(rank * num_kv_heads // tp, (rank + 1) * num_kv_heads // tp))
     return [rank * num_kv_heads // tp]
 
-def shard_config(cfg: ModelConfig, tp: int, expert_parallel: bool = False, ep: int = 1) -> ModelConfig:
-    """The config of one rank's slice: `H/tp` query heads, its KV heads, `I/tp` MLP columns (MoE experts sliced too,
-    unless they are split whole over `ep` ranks). `ValueError` naming the field that `tp` does not divide."""
+def inner_slice(size: int, tp: int, rank: int, align: int = 1) -> tuple[int, int]:
+    """(start, stop) of rank `rank`'s share of an MLP's inner dimension: `size / tp` each, or, when `align` > 1 (a
+    quantized format whose scales cover `align` consecutive inputs), whole blocks of `align` split as evenly as they go."""
+    units = -(-size // align)
+    return min(size, align * (units * rank // tp)), min(size, align * (units * (rank + 1) // tp))
+
+def shard_config(cfg: ModelConfig, tp: int, expert_parallel: bool = False, ep: int = 1, rank: int = 0,
+                 align: int = 1) -> ModelConfig:
+    """The config of rank `rank`'s slice: `H/tp` query heads, its KV heads, its share of the MLP columns (MoE experts
+    sliced too, unless they are split whole over `ep` ranks; cut on `align` boundaries, `inner_slice`). `ValueError`
+    naming the field that `tp` does not divide."""
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
     if H % tp: raise ValueError(f"tensor_parallel_size: {tp} does not divide num_attention_heads={H}")
     if KV % tp and tp % KV:
         raise ValueError(f"tensor_parallel_size: {tp} and num_key_value_heads={KV} must divide one another "
                          "(KV heads are split, or replicated when there are fewer than ranks)")
     dense_layers = cfg.num_hidden_layers - len(cfg.moe_layers)
-    if dense_layers and cfg.intermediate_size % tp:
-        raise ValueError(f"tensor_parallel_size: {tp} does not divide intermediate_size={cfg.intermediate_size}")
-    moe = cfg.moe_intermediate_size
-    if cfg.num_experts and not expert_parallel and moe % tp:
-        raise ValueError(f"tensor_parallel_size: {tp} does not divide moe_intermediate_size={moe}")
+    moe, sliced_moe = cfg.moe_intermediate_size, cfg.num_experts and not expert_parallel
+    for field, size, used in (("intermediate_size", cfg.intermediate_size, dense_layers), ("moe_intermediate_size", moe, sliced_moe)):
+        if not used or tp == 1: continue
+        if align == 1 and size % tp: raise ValueError(f"tensor_parallel_size: {tp} does not divide {field}={size}")
+        if -(-size // align) < tp:
+            raise ValueError(f"tensor_parallel_size: {field}={size} holds {-(-size // align)} blocks of {align} inputs "
+                             f"(the quantization's scale blocks), fewer than {tp} ranks")
     if cfg.num_experts and expert_parallel and cfg.num_experts % ep:
         raise ValueError(f"enable_expert_parallel: {ep} ranks do not divide num_experts={cfg.num_experts}")
     return dataclasses.replace(
         cfg, num_attention_heads=H // tp, num_key_value_heads=len(kv_heads_of_rank(0, tp, KV)),
-        intermediate_size=cfg.intermediate_size // tp if dense_layers else cfg.intermediate_size,
-        moe_intermediate_size=moe if (expert_parallel or not cfg.num_experts) else moe // tp)
+        intermediate_size=_share(cfg.intermediate_size, tp, rank, align) if dense_layers else cfg.intermediate_size,
+        moe_intermediate_size=_share(moe, tp, rank, align) if sliced_moe else moe)
+
+def _share(size: int, tp: int, rank: int, align: int) -> int:
+    start, stop = inner_slice(size, tp, rank, align)
+    return stop - start
 
 # %% ../../nbs/41_tensor_parallel.ipynb #1fd2485d
 def vocab_shard(vocab_size: int, tp: int, rank: int) -> tuple[int, int]:
@@ -84,18 +98,19 @@ def _rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:
     if part.shape[0] == n: return part
     return torch.cat([part, t.new_zeros(n - part.shape[0], *t.shape[1:])])
 
-def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig, rank: int, tp: int, experts: range | None = None):
+def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig, rank: int, tp: int, experts: range | None = None,
+                 align: int = 1):
     """This rank's part of checkpoint tensor `name` (our spelling) as `(name, tensor)`, or None when the rank holds
     none of it (an expert another rank owns). `experts`: the expert ids this rank holds whole (expert parallelism);
-    None: every expert, sliced like an MLP."""
+    None: every expert, sliced like an MLP. `align`: the MLP's inner dimension is cut on multiples of it."""
     parts, dh = name.split("."), cfg.head_dim
     if "experts" in parts:                                     # model.layers.L.mlp.experts.E.proj.weight
         i = parts.index("experts"); e = int(parts[i + 1])
         if experts is not None:
             if e not in experts: return None
             return ".".join(parts[:i + 1] + [str(e - experts.start)] + parts[i + 2:]), t
-        proj, n = parts[i + 2], cfg.moe_intermediate_size // tp
-        return name, (t[:, rank * n:(rank + 1) * n] if proj == "down_proj" else t[rank * n:(rank + 1) * n])
+        a, b = inner_slice(cfg.moe_intermediate_size, tp, rank, align)
+        return name, (t[:, a:b] if parts[i + 2] == "down_proj" else t[a:b])
     if tp == 1: return name, t
     proj = parts[-2]
     if parts[0] != "model" or "embed_tokens" in parts:          # lm_head.weight, model.embed_tokens.weight
@@ -110,12 +125,9 @@ def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig, rank: int, tp: in
     if proj == "o_proj":
         n = cfg.num_attention_heads // tp * dh
         return name, t[:, rank * n:(rank + 1) * n]
-    if proj in ("gate_proj", "up_proj"):
-        n = cfg.intermediate_size // tp
-        return name, t[rank * n:(rank + 1) * n]
-    if proj == "down_proj":
-        n = cfg.intermediate_size // tp
-        return name, t[:, rank * n:(rank + 1) * n]
+    if proj in ("gate_proj", "up_proj", "down_proj"):
+        a, b = inner_slice(cfg.intermediate_size, tp, rank, align)
+        return name, (t[:, a:b] if proj == "down_proj" else t[a:b])
     return name, t                                              # norms, q/k norms, the router: every rank
 
 # %% ../../nbs/41_tensor_parallel.ipynb #a06cecbb
@@ -196,9 +208,10 @@ class ParallelLMHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(rows, dim), requires_grad=False)
         self.vocab_size, self.group, self.comm_seconds = vocab_size, group, 0.0
+        self.quantized = None                   # a QuantLinear of this rank's rows, when the model is quantized (ch. 43)
 
     def forward(self, h):                       # [n, dim] -> [n, vocab]
-        local = F.linear(h, self.weight)                                         # [n, rows]
+        local = F.linear(h, self.weight) if self.quantized is None else self.quantized(h)   # [n, rows]
         with comm_timer(self): logits = all_gather_last(local.reshape(-1, local.shape[-1]), self.group)  # [n, p·rows]
         return logits.view(*local.shape[:-1], -1)[..., :self.vocab_size]
 
@@ -222,13 +235,13 @@ def wrap_row_parallel(model, group=None, skip_mlp: set[int] = frozenset()):
 
 # %% ../../nbs/41_tensor_parallel.ipynb #3028eca9
 def load_model_shard(path, rank: int, tp: int, *, dtype=None, device=None, group=None, experts: range | None = None,
-                     moe_block=None):
+                     moe_block=None, align: int = 1):
     "Rank `rank`'s slice of the checkpoint at `path` as a `CausalLM` whose forward joins the other ranks'."
     path = resolve_model_path(path)
     cfg = load_config(path)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device, cfg)
-    local = shard_config(cfg, tp, experts is not None, cfg.num_experts // len(experts) if experts else 1)
+    local = shard_config(cfg, tp, experts is not None, cfg.num_experts // len(experts) if experts else 1, rank, align)
     full = load_state_dict(path, cfg, dtype, "cpu")           # every tensor checked against config.json
     with torch.device("meta"):
         model = CausalLM(local)
@@ -237,7 +250,7 @@ def load_model_shard(path, rank: int, tp: int, *, dtype=None, device=None, group
             for i, layer in enumerate(model.model.layers):
                 if local.is_moe_layer(i): layer.mlp = moe_block(local)
     materialize(model, dtype, device)
-    mine = (shard_tensor(n, t, cfg, rank, tp, experts) for n, t in full.items())
+    mine = (shard_tensor(n, t, cfg, rank, tp, experts, align) for n, t in full.items())
     load_weights(model, dict(p for p in mine if p is not None))
     del full
     if tp > 1: wrap_row_parallel(model, group, skip_mlp=set(local.moe_layers) if moe_block is not None else set())

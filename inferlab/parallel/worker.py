@@ -6,23 +6,28 @@ Docs: https://inferlab.github.io/inferlab/parallel_runner.html.md"""
 
 # %% ../../nbs/43_parallel_runner.ipynb #6cb33967
 from __future__ import annotations
-import json, os, signal, time, traceback
+import json, os, signal, time, traceback, weakref
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from ..engine.model_runner import (ModelRunner, AttentionMetadata, prepare_batch, pack_model,
                                           SMALL_STEP_TOKENS)
 from ..engine.cpu_threads import CpuThreads
-from ..engine.llm_engine import EngineDeadError
+from ..engine.llm_engine import kv_scales_for
+from ..engine.interface import EngineDeadError
+from ..quant.presets import quantize_model
 from .collectives import init_distributed
-from .tensor_parallel import ParallelConfig, load_model_shard
+from fastcore.basics import patch
+from .tensor_parallel import ParallelConfig, ParallelLMHead, load_model_shard
+from ..quant.linear import QuantLinear
+import torch.nn as nn
 from .expert_parallel import EPMoEBlock, load_ep_model_shard
 
 # %% auto #0
 __all__ = ['OP_STEP', 'OP_STOP', 'OP_END', 'STEP_FIELDS', 'EMPTY_STEP', 'PackedStep', 'payload_size', 'pack_step', 'unpack_step',
-           'comm_device', 'StepChannel', 'run_rank_step', 'load_rank_model', 'rank_device', 'backend_for',
-           'make_rank_runner', 'serve_steps', 'recv_num_blocks', 'report', 'worker_main', 'ParallelError',
-           'ParallelRunner']
+           'comm_device', 'StepChannel', 'run_rank_step', 'load_rank_model', 'quantize_rank_model', 'rank_device',
+           'backend_for', 'make_rank_runner', 'serve_steps', 'recv_num_blocks', 'report', 'worker_main',
+           'ParallelError', 'GroupHandle', 'ParallelRunner', 'parallel_runner']
 
 # %% ../../nbs/43_parallel_runner.ipynb #a983bc9a
 OP_STEP, OP_STOP, OP_END = 1, 2, 3      # a step follows; shut down; (torchrun) the caller's generate call is over
@@ -119,12 +124,31 @@ def run_rank_step(runner: ModelRunner, steps: list[PackedStep], index: int, grou
     return None if parts is None else [p[:s.num_rows] for p, s in zip(parts, steps)]
 
 # %% ../../nbs/43_parallel_runner.ipynb #3dc91c7c
-def load_rank_model(path, parallel: ParallelConfig, rank: int, dtype=None, device=None):
-    "This rank's slice of the model for `parallel`: TP-sliced, or with experts split over all ranks (EP)."
+def load_rank_model(path, parallel: ParallelConfig, rank: int, dtype=None, device=None, align: int = 1):
+    """This rank's slice of the model for `parallel`: TP-sliced (the MLP cut on `align` boundaries, chapter 41), or
+    with experts split over all ranks (EP)."""
     tp = parallel.tensor_parallel_size
     if parallel.enable_expert_parallel:
         return load_ep_model_shard(path, rank, parallel.world_size, tp, dtype=dtype, device=device)
-    return load_model_shard(path, rank if tp > 1 else 0, tp, dtype=dtype, device=device)
+    return load_model_shard(path, rank if tp > 1 else 0, tp, dtype=dtype, device=device, align=align)
+
+def _reduce_max(t: torch.Tensor): dist.all_reduce(t, op=dist.ReduceOp.MAX)
+
+def quantize_rank_model(model, quantization: str | None, parallel: ParallelConfig):
+    """This rank's shard quantized with a preset (chapter 26): the layers whose inputs tensor parallelism splits
+    (o_proj, a TP-sliced MLP's down_proj) take their per-channel scales as the maximum over the ranks. Every rank
+    calls it at the same point of its start-up: the all-reduces pair up in the order of the layers."""
+    if quantization is None: return model
+    if parallel.tensor_parallel_size == 1: return quantize_model(model, quantization)
+    def split(name: str):
+        parts = name.split(".")
+        return _reduce_max if "o_proj" in parts or ("down_proj" in parts and "inner" in parts) else None
+    model = quantize_model(model, quantization, split)
+    recipe = model.quant_recipe
+    for head in (m for m in model.modules() if isinstance(m, ParallelLMHead)):   # its vocabulary rows, whole: exact
+        shape = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False, device="meta")
+        head.quantized = QuantLinear.from_linear(shape, recipe.weights, recipe.activations, weight=head.weight)
+    return model
 
 def rank_device(device, rank: int):
     "One GPU per rank (`cuda:LOCAL_RANK`, made current for NCCL); every CPU rank shares the CPU."
@@ -139,9 +163,14 @@ def backend_for(device) -> str:
     "NCCL between GPUs, gloo between CPU processes."
     return "nccl" if (device is None and torch.cuda.is_available()) or str(device).startswith("cuda") else "gloo"
 
-def make_rank_runner(model, engine_config, num_blocks: int, threads: int) -> ModelRunner:
-    "A rank's `ModelRunner` over its packed model, with its own CPU thread budget."
-    runner = ModelRunner(pack_model(model) if engine_config.pack_weights else model, num_blocks, engine_config.block_size)
+def make_rank_runner(model, engine_config, threads: int) -> ModelRunner:
+    """A worker rank's `ModelRunner`: its packed model, KV scales calibrated in step with rank 0 (a forward pass, with
+    the group's collectives), the pool size rank 0 chose, and its own CPU thread budget."""
+    if engine_config.pack_weights: model = pack_model(model)
+    cfg = model.config
+    max_len = min(cfg.max_position_embeddings, engine_config.max_model_len or cfg.max_position_embeddings)
+    scales = kv_scales_for(model, engine_config.kv_cache_dtype, max_len)
+    runner = ModelRunner(model, recv_num_blocks(), engine_config.block_size, engine_config.kv_cache_dtype, scales)
     if runner.threads is not None: runner.threads = CpuThreads(threads)
     return runner
 
@@ -164,7 +193,7 @@ def report(conn, event: str, **fields):
     except OSError: pass                               # the launcher is gone: nobody left to tell
 
 def worker_main(rank: int, world_size: int, port: int, path, parallel: ParallelConfig, engine_config, dtype, device,
-                threads: int, conn=None):
+                threads: int, quantization: str | None = None, align: int = 1, conn=None):
     "The body of a spawned worker process (rank ≥ 1); `conn`: the pipe its start-up reports go to."
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C reaches the whole process group: rank 0 decides, not us
     try:
@@ -172,9 +201,9 @@ def worker_main(rank: int, world_size: int, port: int, path, parallel: ParallelC
         torch.set_num_threads(threads)
         device = rank_device(device, rank)
         init_distributed(rank, world_size, port, backend_for(device))
-        model = load_rank_model(path, parallel, rank, dtype, device)
+        model = quantize_rank_model(load_rank_model(path, parallel, rank, dtype, device, align), quantization, parallel)
         report(conn, "loaded")
-        runner = make_rank_runner(model, engine_config, recv_num_blocks(), threads)
+        runner = make_rank_runner(model, engine_config, threads)
         serve_steps(runner, StepChannel(parallel.data_parallel_size), rank if parallel.data_parallel_size > 1 else 0)
     except BaseException as e:
         report(conn, "error", error="".join(traceback.format_exception(e)[-6:]).rstrip())
@@ -186,16 +215,40 @@ def worker_main(rank: int, world_size: int, port: int, path, parallel: ParallelC
 class ParallelError(EngineDeadError):
     "The process group can no longer run steps (a worker died, a collective failed or timed out): the engine is dead."
 
+class GroupHandle:
+    """What tearing a group down needs, kept apart from the runner so that a finalizer can run it once the runner is
+    gone: the channel to send the stop on, the spawned workers, and whether the group is already broken."""
+    def __init__(self, channel: StepChannel, workers: list):
+        self.channel, self.workers, self.broken = channel, list(workers), None
+
+    def close(self):
+        "Stop the workers (`OP_STOP`; one not gone in 5 s is killed), then destroy the process group."
+        if not self.broken and dist.is_initialized():
+            try: self.channel.send(OP_STOP)
+            except Exception: pass
+        for p in self.workers:
+            p.join(timeout=5)
+            if p.is_alive(): p.kill(); p.join()
+        if dist.is_initialized(): dist.destroy_process_group()
+
+# %% ../../nbs/43_parallel_runner.ipynb #8aeb29a6
 class ParallelRunner(ModelRunner):
-    "Rank 0's runner: broadcasts each step, runs its own slice, returns the full logits (TP/EP) or each DP rank's."
+    """Rank 0's runner: broadcasts each step, runs its own slice, returns the full logits (TP/EP) or each DP rank's.
+    It owns the group: `shutdown` (or the runner being collected, or the interpreter exiting) tears it down."""
     def __init__(self, model, num_blocks: int, block_size: int, parallel: ParallelConfig, threads: int,
-                 workers: list = ()):
+                 workers: list = (), kv_cache_dtype: str | None = None, kv_scales=None):
         dist.broadcast(torch.tensor([num_blocks], device=comm_device()), 0)   # the workers size their KV pools from this
-        super().__init__(model, num_blocks, block_size)
+        super().__init__(model, num_blocks, block_size, kv_cache_dtype, kv_scales)
         if self.threads is not None: self.threads = CpuThreads(threads)
-        self.parallel, self.workers, self.broken = parallel, list(workers), None
+        self.parallel, self.workers = parallel, list(workers)
         self.channel = StepChannel(parallel.data_parallel_size)
+        self.group = GroupHandle(self.channel, self.workers)
+        self._finalizer = weakref.finalize(self, self.group.close)
         self.comm_seconds = self.step_seconds = 0.0
+
+    @property
+    def broken(self) -> str | None: return self.group.broken
+    def shutdown(self): self._finalizer()          # once: a second call, or the finalizer after it, does nothing
 
     def _guard(self, fn, *args):
         if self.broken: raise ParallelError(self.broken)
@@ -205,29 +258,42 @@ class ParallelRunner(ModelRunner):
             dead = [(i + 1, p.pid, p.exitcode) for i, p in enumerate(self.workers) if p.exitcode is not None]
             who = (f"worker rank {dead[0][0]} (pid {dead[0][1]}) exited with code {dead[0][2]}" if dead
                    else f"a parallel step failed ({type(e).__name__}: {e})")
-            self.broken = f"{who}; the parallel engine cannot continue (make a new LLM)"
+            self.group.broken = f"{who}; the parallel engine cannot continue (make a new LLM)"
             raise ParallelError(self.broken) from e
 
-    def execute(self, batch, return_hidden: bool = False) -> tuple:
-        if return_hidden: raise ValueError("return_hidden: not available with tensor or expert parallelism")
-        ids, pos, meta, li, samplers = prepare_batch(batch, self.block_size, self.device)
-        step = pack_step(ids, pos, meta, li, bool(samplers))
-        return samplers, self._guard(self._run, [step])
+# %% ../../nbs/43_parallel_runner.ipynb #07ee4e62
+@patch
+def execute(self: ParallelRunner, batch, return_hidden: bool = False) -> tuple:
+    if return_hidden: raise ValueError("return_hidden: not available with tensor or expert parallelism")
+    ids, pos, meta, li, samplers = prepare_batch(batch, self.block_size, self.device)
+    step = pack_step(ids, pos, meta, li, bool(samplers))
+    return samplers, self._guard(self._run, [step])
 
-    def execute_all(self, batches: list) -> list[tuple]:
-        "Data parallelism: one batch per DP rank (this rank's first); (samplers, logits) for each."
-        prepared = [prepare_batch(b, self.block_size, self.device) if not b.is_empty else None for b in batches]
-        steps = [EMPTY_STEP if p is None else pack_step(*p[:4], bool(p[4])) for p in prepared]
-        logits = self._guard(self._run, steps)
-        return [([], None) if p is None else (p[4], lg) for p, lg in zip(prepared, logits)]
+@patch
+def execute_all(self: ParallelRunner, batches: list) -> list[tuple]:
+    "Data parallelism: one batch per DP rank (this rank's first); (samplers, logits, None) for each."
+    prepared = [prepare_batch(b, self.block_size, self.device) if not b.is_empty else None for b in batches]
+    steps = [EMPTY_STEP if p is None else pack_step(*p[:4], bool(p[4])) for p in prepared]
+    logits = self._guard(self._run, steps)
+    return [([], None, None) if p is None else (p[4], lg, None) for p, lg in zip(prepared, logits)]
 
-    def _run(self, steps: list[PackedStep]):
-        t0 = time.perf_counter()
-        self.channel.send(OP_STEP, steps)
-        out = run_rank_step(self, steps, 0)
-        self.step_seconds += time.perf_counter() - t0
-        return out
+@patch
+def _run(self: ParallelRunner, steps: list[PackedStep]):
+    t0 = time.perf_counter()
+    self.channel.send(OP_STEP, steps)
+    out = run_rank_step(self, steps, 0)
+    self.step_seconds += time.perf_counter() - t0
+    return out
 
-    def send(self, op: int):
-        "Tell the other ranks to stop (`OP_STOP`) or that a torchrun caller's call ended (`OP_END`)."
-        self._guard(self.channel.send, op)
+@patch
+def send(self: ParallelRunner, op: int):
+    "Tell the other ranks that a torchrun caller's call ended (`OP_END`)."
+    self._guard(self.channel.send, op)
+
+def parallel_runner(parallel: ParallelConfig, threads: int, workers: list = ()):
+    """The part that runs the model for rank 0's engine (chapter 16's `runner`): KV scales calibrated in step with
+    the workers (`make_rank_runner`), then a `ParallelRunner`."""
+    def make(model, num_blocks: int, block_size: int, kv_cache_dtype=None, max_model_len: int = 2048):
+        scales = kv_scales_for(model, kv_cache_dtype, max_model_len)
+        return ParallelRunner(model, num_blocks, block_size, parallel, threads, workers, kv_cache_dtype, scales)
+    return make
