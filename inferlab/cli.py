@@ -10,7 +10,7 @@ import argparse, dataclasses, json, sys, time
 import inferlab
 
 # %% auto #0
-__all__ = ['add_engine_args', 'engine_kwargs', 'build_parser', 'main']
+__all__ = ['add_engine_args', 'engine_kwargs', 'engine_argv', 'build_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #f9925bd7
 def add_engine_args(p: argparse.ArgumentParser):
@@ -44,6 +44,22 @@ def engine_kwargs(args) -> dict:
                 tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
                 enable_expert_parallel=args.enable_expert_parallel, **{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
 
+def engine_argv(args) -> list[str]:
+    """The engine flags of parsed `args` as a command line (only what differs from the defaults): what
+    `inferlab serve --disaggregation` passes on to each `inferlab worker`, so the workers build the same engine."""
+    from inferlab.engine.llm_engine import EngineConfig
+    out = []
+    for name in ("model", "dtype", "device", "quantization", "speculative_config"):
+        if getattr(args, name) is not None: out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    for name in ("tensor_parallel_size", "data_parallel_size"):
+        if getattr(args, name) != 1: out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    if args.enable_expert_parallel: out.append("--enable-expert-parallel")
+    for f in dataclasses.fields(EngineConfig):
+        v, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if v == f.default: continue
+        out += ([flag] if v is True else ["--no-" + flag[2:]] if v is False else [flag, str(v)])
+    return out
+
 # %% ../nbs/08_cli.ipynb #7b47bf72
 def _generate(args) -> int:
     from inferlab.llm import LLM
@@ -68,7 +84,7 @@ def _generate(args) -> int:
     if not args.quiet and ok and ok[0].metrics:       # (none when every prompt was refused, nor on torchrun rank > 0)
         n, st = sum(len(o.token_ids) for o in ok), llm.engine.stats()
         ttft = sorted(o.metrics.ttft for o in ok)
-        print(f"\n[{llm.engine.model.source}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = {n / wall:.1f} tokens/s; "
+        print(f"\n[{llm.engine.model_name}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = {n / wall:.1f} tokens/s; "
               f"load {load_s:.2f} s; TTFT p50 {ttft[len(ttft) // 2] * 1e3:.1f} ms (queueing included); finish {ok[0].finish_reason if len(ok) == 1 else 'see above'}; "
               f"prefix cache: {st['prefix_hit_tokens']} of {st['prefix_query_tokens']} "
               f"prompt tokens reused ({100 * st['prefix_hit_rate']:.0f}%) by {sum(o.metrics.num_cached_tokens > 0 for o in ok)} request(s); "
@@ -85,10 +101,10 @@ def _disaggregated(args):
     from inferlab.serve.router import DisaggRouter, parse_disaggregation
     p, d = parse_disaggregation(args.disaggregation)
     kw = engine_kwargs(args)
-    for flag, v in (("--quantization", kw["quantization"]), ("--speculative-config", kw["speculative_config"]),
-                    ("--tensor-parallel-size", kw["tensor_parallel_size"] > 1 or None), ("--device", kw["device"])):
-        if v is not None: raise ValueError(f"{flag}: not supported with --disaggregation yet")
-    return DisaggRouter(args.model, p, d, dtype=args.dtype, max_local_prefill_length=args.max_local_prefill_length,
+    for flag, v in (("--tensor-parallel-size", kw["tensor_parallel_size"]), ("--data-parallel-size", kw["data_parallel_size"])):
+        if v > 1: raise ValueError(f"{flag}: {v} with --disaggregation {args.disaggregation}: a worker's KV would be split "
+                                   "over its ranks, and moving it needs a gather over them that is not built here")
+    return DisaggRouter(args.model, p, d, worker_args=engine_argv(args), max_local_prefill_length=args.max_local_prefill_length,
                         max_prefill_queue=args.max_prefill_queue, **{f.name: kw[f.name] for f in dataclasses.fields(EngineConfig)})
 
 def _serve(args) -> int:
@@ -96,7 +112,6 @@ def _serve(args) -> int:
     from inferlab.llm import build_engine
     from inferlab.model.tokenizer import load_generation_config
     from inferlab.serve.api_server import create_app, serve
-    if args.data_parallel_size > 1: raise ValueError("--data-parallel-size: the server runs TP/EP engines; not DP yet")
     engine = _disaggregated(args) if args.disaggregation else build_engine(args.model, **engine_kwargs(args))
     if args.chat_template is not None:
         if engine.tokenizer is None: raise ValueError("--chat-template: the model has no tokenizer")
@@ -105,10 +120,22 @@ def _serve(args) -> int:
     app = create_app(engine, args.served_model_name, args.api_key, args.max_waiting, defaults, start_engine=False)
     name = app.state.inferlab.model_name
     print(f"inferlab serve: {name} at http://{args.host}:{args.port}/v1 (max_model_len {engine.max_model_len}, "
-          f"{engine.block_manager.num_blocks} KV blocks)", file=sys.stderr, flush=True)
+          f"{engine.stats()['num_blocks']} KV blocks)", file=sys.stderr, flush=True)
     try: return serve(app, args.host, args.port, args.log_level)   # the engine loop runs here, on the thread that loaded it
-    finally:
-        if hasattr(engine, "shutdown"): engine.shutdown()             # a parallel engine's workers go with it
+    finally: engine.shutdown()                                     # a parallel engine's workers go with it
+
+def _worker(args) -> int:
+    "`inferlab worker`: one disaggregation worker, its engine built with every engine flag (chapters 57-58)."
+    import os, torch
+    from inferlab.llm import build_engine
+    from inferlab.serve.disagg import run_worker
+    key = os.environ.pop("INFERLAB_AUTHKEY", None)
+    if key is None: raise ValueError("INFERLAB_AUTHKEY: not set (the router passes its key to the workers it starts)")
+    if args.threads: torch.set_num_threads(args.threads)               # workers sharing a host split its cores
+    kw = engine_kwargs(args)
+    if args.role == "prefill": kw["speculative_config"] = None         # a prefill makes one token: nothing to speculate
+    run_worker(build_engine(args.model, **kw), args.role, args.name, args.router, bytes.fromhex(key))
+    return 0
 
 # %% ../nbs/08_cli.ipynb #5c3501e9
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --disaggregation: remote prefill only while fewer are queued there (default 2)")
     add_engine_args(s)
     s.set_defaults(func=_serve)
+    w = sub.add_parser("worker", help="a disaggregation worker: builds its engine and serves a router (chapters 57-58)")
+    w.add_argument("--role", required=True, choices=("prefill", "decode"))
+    w.add_argument("--name", required=True, help="inferlab-<role>-<index>: the router's name for it")
+    w.add_argument("--router", required=True, metavar="HOST:PORT", help="the router's address")
+    w.add_argument("--threads", type=int, default=None, help="CPU threads of this worker's torch (default: torch's)")
+    add_engine_args(w)
+    w.set_defaults(func=_worker)
     # `simulate` owns its options (chapter 66); main() hands it the rest of the command line untouched.
     sub.add_parser("simulate", add_help=False, help="simulate an autoscaled serving fleet (chapters 6x); "
                    "`inferlab simulate --help` lists its options")
@@ -203,3 +237,5 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"inferlab {args.command}: error: {e}", file=sys.stderr); return 2
+
+if __name__ == "__main__" and sys.argv[0].endswith("cli.py"): sys.exit(main())   # `python -m inferlab.cli`, not a notebook

@@ -20,6 +20,7 @@ class RequestMetrics:
     finish_time: float | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    kv_transfer_time: float | None = None      # seconds to adopt KV prefilled elsewhere (disaggregation, chapter 58)
 
     @property
     def ttft(self) -> float | None:

@@ -24,7 +24,7 @@ from .paged_attention import KV_CACHE_DTYPES
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
 # %% auto #0
-__all__ = ['EngineConfig', 'Speculator', 'kv_scales_for', 'local_runner', 'LLMEngine', 'as_params', 'prompt_ids']
+__all__ = ['EngineConfig', 'Speculator', 'KVConnector', 'kv_scales_for', 'local_runner', 'LLMEngine', 'as_params', 'prompt_ids']
 
 # %% ../../nbs/16_llm_engine.ipynb #fba2478e
 @dataclass
@@ -66,6 +66,10 @@ class Speculator(Protocol):
     def check(self) -> None: ...
     def stats(self) -> dict: ...
 
+class KVConnector(Protocol):
+    "Where a finished request's KV goes besides this pool (chapter 56: to a decode engine)."
+    def save(self, engine: "LLMEngine", seq: Sequence) -> None: ...
+
 def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
     "Per-layer, per-head KV scales from a seeded random prompt (None without a quantized KV cache)."
     if kv_cache_dtype is None: return None
@@ -99,6 +103,7 @@ class LLMEngine(Engine):
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
         self.runner = runner(self.model, n_blocks, ec.block_size, ec.kv_cache_dtype, self.max_model_len)
         self.speculator = speculator            # chapter 34 sets it after the engine exists (a draft sizes its pool from ours)
+        self.kv_connector: KVConnector | None = None
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
         self.requests: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}
@@ -209,7 +214,8 @@ def plan(self: LLMEngine) -> ScheduledBatch:
 def execute(self: LLMEngine, batch: ScheduledBatch):
     "The runner's `(samplers, logits, hidden)` for `batch`, or the exception it raised."
     try:
-        samplers, logits, *hidden = self.runner.execute(batch, return_hidden=self._wants_hidden())
+        hidden = self._wants_hidden()
+        samplers, logits, *hidden = self.runner.execute(batch, return_hidden=True) if hidden else self.runner.execute(batch)
         return samplers, logits, (hidden[0] if hidden else None)
     except Exception as e: return e
 
@@ -292,7 +298,9 @@ def append_token(self: LLMEngine, seq: Sequence, tok: int, logits: torch.Tensor 
     budget = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
     seq.text, seq.detok_offsets, reason = detokenize_and_check(tk, seq.token_ids, seq.text, seq.detok_offsets, p,
                                                                self.eos_ids, seq.num_output_tokens, budget)
-    if reason is not None: self.scheduler.finish(seq, reason)
+    if reason is not None:
+        if self.kv_connector is not None: self.kv_connector.save(self, seq)   # before the blocks go back to the pool
+        self.scheduler.finish(seq, reason)
 
 @patch
 def output(self: LLMEngine, seq: Sequence) -> RequestOutput:

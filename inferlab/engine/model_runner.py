@@ -19,6 +19,7 @@ from .scheduler import ScheduledBatch
 from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
 from .triton_attention import attention_backend
 from .cpu_threads import CpuThreads
+from fastcore.basics import patch
 from ..model.generate import KVCache
 from ..model.sampling import sample_rows, token_logprobs
 
@@ -332,3 +333,31 @@ def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     "One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's `sample_rows`)."
     return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
+
+# %% ../../nbs/15_model_runner.ipynb #ea7b193f
+@patch
+def read_kv(self: ModelRunner, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    "Copy blocks `block_ids` of every layer out of the cache: (kv `[L, 2, n, block, kv_heads, head_dim]`, scales)."
+    cache, idx = self.kv_cache, torch.tensor(block_ids, dtype=torch.long)
+    kv = torch.stack([torch.stack([k.index_select(0, idx.to(k.device)), v.index_select(0, idx.to(v.device))])
+                      for k, v in zip(cache.k, cache.v)])                       # [L, 2, n, bs, hkv, d]
+    scales = None if cache.k_scale is None else torch.stack(
+        [torch.stack([ks, vs]) for ks, vs in zip(cache.k_scale, cache.v_scale)]).float()   # [L, 2, hkv]
+    return kv, scales
+
+@patch
+def write_kv(self: ModelRunner, block_ids: list[int], kv: torch.Tensor, scales: torch.Tensor | None):
+    "Write `kv` `[L, 2, n, ...]` into blocks `block_ids` (shapes, dtypes and scales must agree with this cache)."
+    cache = self.kv_cache
+    want = (len(cache.k), 2, len(block_ids), *cache.k[0].shape[1:])
+    if tuple(kv.shape) != want: raise ValueError(f"kv: shape {list(kv.shape)} does not fit this engine's cache {list(want)}")
+    if kv.dtype != cache.k[0].dtype:
+        raise ValueError(f"kv: dtype {kv.dtype} but this engine's cache holds {cache.k[0].dtype} "
+                         "(same kv_cache_dtype on both sides)")
+    mine = None if cache.k_scale is None else self.read_kv([])[1]
+    if (scales is None) != (mine is None) or (scales is not None and not torch.equal(scales, mine.to(scales.device))):
+        raise ValueError("kv: the two engines' KV scales differ; codes cannot be reused (calibrate both the same way)")
+    idx = torch.tensor(block_ids, dtype=torch.long, device=cache.k[0].device)
+    raw = (lambda t: t.view(torch.uint8)) if kv.element_size() == 1 else (lambda t: t)   # CPU has no fp8 index_copy
+    for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
+        raw(k).index_copy_(0, idx, raw(kv[layer, 0]).to(k.device)); raw(v).index_copy_(0, idx, raw(kv[layer, 1]).to(v.device))

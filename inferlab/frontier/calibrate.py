@@ -65,7 +65,7 @@ def calibrate(make_engine, train=TRAIN, held_back=HELD_BACK, train_rate: float =
     tok = load_tokenizer()
     engine = make_engine(None)
     step, mape = fit_step_time(measure_steps(engine, reps=4))
-    if hasattr(engine, "shutdown"): engine.shutdown()
+    engine.shutdown()
     del engine
     train_reqs, test_reqs = serve_requests(tok, **train), serve_requests(tok, **held_back)
     if log: log(f"step fit MAPE: prefill {mape['prefill']:.0%}, decode {mape['decode']:.0%}; serving the training workload")

@@ -28,7 +28,7 @@ def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64
         seqs = [eng.requests[eng.add_request(p, sp)] for p in prompts]   # finished requests leave the engine
         t0, running = time.perf_counter(), []
         while eng.has_unfinished():
-            running.append(len(eng.scheduler.running)); eng.step()
+            running.append(eng.stats()["num_running"]); eng.step()
         wall = time.perf_counter() - t0
         tpot = [(s.finish_time - s.first_token_time) / (output_len - 1) for s in seqs]
         rows.append(dict(batch=b, tok_s=num_requests * output_len / wall, tpot_ms=1e3 * sum(tpot) / len(tpot),

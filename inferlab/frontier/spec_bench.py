@@ -10,7 +10,7 @@ import statistics, time
 from ..model.config import shipped_model_path
 from ..model.sampling import SamplingParams
 from ..engine.llm_engine import LLMEngine, EngineConfig
-from ..spec_decode.spec_engine import SpeculativeEngine, default_datastore
+from ..spec_decode.spec_decoder import add_speculation, default_datastore
 from .bench import corpus_token_ids, text_workload
 
 # %% auto #0
@@ -31,7 +31,7 @@ def make_engine(model, tokenizer, method: str | None, source=None, **config):
     "A plain engine (`method=None`) or a speculative one with `SPEC_BENCH_METHODS[method]`."
     cfg = EngineConfig(**config)
     if method is None: return LLMEngine(model, tokenizer, cfg)
-    return SpeculativeEngine(model, tokenizer, cfg, SPEC_BENCH_METHODS[method], source=source)
+    return add_speculation(LLMEngine(model, tokenizer, cfg), SPEC_BENCH_METHODS[method], source)
 
 def decode_seconds(engine, prompts, max_tokens=64, batch: int | None = 1) -> tuple[int, float]:
     """(tokens generated, seconds) for greedy decoding of `prompts`, `batch` at a time (all queued when batch is None);
@@ -67,7 +67,7 @@ def spec_full_batch(model, tokenizer, prompts, method: str = "ngram", disable_by
     lengths spread over [max_tokens / 4, max_tokens], so the batch drains as a real one does."""
     spec = dict(SPEC_BENCH_METHODS[method], disable_by_batch_size=disable_by_batch_size)
     cfg = EngineConfig(max_num_seqs=len(prompts))
-    engines = {"none": LLMEngine(model, tokenizer, cfg), method: SpeculativeEngine(model, tokenizer, cfg, spec, source=source)}
+    engines = {"none": LLMEngine(model, tokenizer, cfg), method: add_speculation(LLMEngine(model, tokenizer, cfg), spec, source)}
     lens = [max_tokens // 4 + (i * 37) % (max_tokens - max_tokens // 4 + 1) for i in range(len(prompts))]
     rates = {m: [] for m in engines}
     for r in range(rounds):

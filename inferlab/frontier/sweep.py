@@ -141,10 +141,10 @@ def measure_config(config: dict, make_engine, workload, prompts, conts, ref_scor
     try:
         row = dict(config=config) | run_workload(engine, workload, *slo, request_rate=request_rate)
         row |= quality(score_prefixes(engine, prompts, conts), ref_scores)
-        row |= dict(kv_blocks=engine.block_manager.num_blocks if hasattr(engine, "block_manager") else None,
+        row |= dict(kv_blocks=engine.stats()["num_blocks"],
                     weights_bytes=weights_bytes(engine.model))
     finally:
-        if hasattr(engine, "shutdown"): engine.shutdown()
+        engine.shutdown()
     return row
 
 def evaluator(make_engine, num_prompts: int = 24, seed: int = 0, slo=(1.0, 0.05), model=None,

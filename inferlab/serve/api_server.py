@@ -11,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from ..engine.llm_engine import EngineDeadError
+from ..engine.interface import EngineDeadError
 from .async_engine import AsyncLLMEngine, QueueFull
 from .metrics import ServerMetrics
 from .protocol import (OpenAIError, param_of, CompletionRequest, ChatCompletionRequest, parse_request, prompt_list,
@@ -212,7 +212,7 @@ async def get_model(request: Request):
 
 def _model_card(st) -> dict:
     return {"id": st.model_name, "object": "model", "created": st.created, "owned_by": "inferlab",
-            "root": str(getattr(st.engine.model, "source", st.model_name)), "max_model_len": st.engine.max_model_len}
+            "root": str(st.engine.model_name), "max_model_len": st.engine.max_model_len}
 
 async def health(request: Request):
     ok = _state(request).aengine.is_running
@@ -236,10 +236,10 @@ async def _on_unexpected(request, e: Exception):
 # %% ../../nbs/54_api_server.ipynb #9f2a8fe0
 def create_app(engine, served_model_name: str | None = None, api_key: str | None = None, max_waiting: int = 512,
                defaults: dict | None = None, start_engine: bool = True) -> FastAPI:
-    """The OpenAI-compatible app over `engine` (an `LLMEngine`, built by the caller: `inferlab serve` uses the
+    """The OpenAI-compatible app over `engine` (any `Engine` of chapter 15b, built by the caller: `inferlab serve` uses the
     facade). Its engine loop starts now on a thread of its own (`start_engine=False`: `serve` runs it on the calling
     thread) and stops when the app shuts down."""
-    name = served_model_name or getattr(engine.model, "source", "model").rstrip("/").split("/")[-1]
+    name = served_model_name or str(engine.model_name).rstrip("/").split("/")[-1]
     state = ServerState(engine, name, api_key, max_waiting, defaults, start_engine)
     @contextlib.asynccontextmanager
     async def lifespan(app):

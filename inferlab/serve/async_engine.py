@@ -7,7 +7,7 @@ Docs: https://inferlab.github.io/inferlab/async_engine.html.md"""
 # %% ../../nbs/50_async_engine.ipynb #92f844e2
 from __future__ import annotations
 import asyncio, collections, dataclasses, itertools, threading, time
-from ..engine.llm_engine import LLMEngine, RequestOutput, EngineDeadError
+from ..engine.interface import Engine, RequestOutput, EngineDeadError
 
 # %% auto #0
 __all__ = ['QueueFull', 'AsyncLLMEngine']
@@ -35,10 +35,10 @@ def _put_all(items):
 
 # %% ../../nbs/50_async_engine.ipynb #5f62a6be
 class AsyncLLMEngine:
-    """An `LLMEngine` driven by its own thread: `await add_request(...)` (ValueError for a bad request, `QueueFull`
+    """An engine (any `Engine`, chapter 15b) driven by its own thread: `await add_request(...)` (ValueError for a bad request, `QueueFull`
     when `max_waiting` wait already), `generate(...)` streams `RequestOutput`s, `abort(id)` from anywhere.
     `observer` (optional) sees the engine and the outputs after every step, on the engine thread (metrics)."""
-    def __init__(self, engine: LLMEngine, max_waiting: int = 512, observer=None, start: bool = True):
+    def __init__(self, engine: Engine, max_waiting: int = 512, observer=None, start: bool = True):
         if not isinstance(max_waiting, int) or isinstance(max_waiting, bool) or max_waiting < 1:
             raise ValueError(f"max_waiting: must be an integer >= 1, got {max_waiting!r}")
         self.engine, self.max_waiting, self.observer = engine, max_waiting, observer
@@ -55,9 +55,9 @@ class AsyncLLMEngine:
             self._thread.start()
 
     @property
-    def num_running(self) -> int: return len(self.engine.scheduler.running)
+    def num_running(self) -> int: return self.engine.stats()["num_running"]
     @property
-    def num_waiting(self) -> int: return self._pending + len(self.engine.scheduler.waiting)
+    def num_waiting(self) -> int: return self._pending + self.engine.stats()["num_waiting"]
     @property
     def num_in_flight(self) -> int: return len(self._streams) + self._pending
 
@@ -159,5 +159,6 @@ class AsyncLLMEngine:
         "A bug escaped `step()`: end every request in flight (blocks freed) rather than hang its client."
         err, outs = RuntimeError(f"engine loop: {type(err).__name__}: {err}"), []
         for rid in list(self._streams):
-            if (out := self.engine.fail(rid, err)) is not None: outs.append(out)
+            self.engine.abort(rid)                             # its blocks freed; the error output is ours to give
+            outs.append(RequestOutput(rid, None, [], finished=True, finish_reason="error", error=err))
         return outs

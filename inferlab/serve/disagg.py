@@ -6,22 +6,18 @@ Docs: https://inferlab.github.io/inferlab/disagg.html.md"""
 
 # %% ../../nbs/57_disagg.ipynb #5f1d1545
 from __future__ import annotations
-import argparse, ctypes, dataclasses, json, os, secrets, socket, subprocess, sys, time
-from dataclasses import dataclass, field
+import ctypes, dataclasses, json, os, socket, time
 from multiprocessing import resource_tracker, shared_memory
-from multiprocessing.connection import Listener, Client, wait
-import numpy as np
+from multiprocessing.connection import Client
 import torch
-from ..model.config import load_config, resolve_model_path
-from ..model.generate import check_prompt
-from ..model.tokenizer import load_tokenizer
 from ..model.sampling import SamplingParams
-from ..engine.llm_engine import LLMEngine, EngineConfig, RequestOutput, RequestMetrics, as_params
-from .kv_transfer import KVPayload, PrefillEngine, adopt, _DTYPES
+from ..engine.interface import Engine, RequestOutput
+from ..engine.llm_engine import LLMEngine
+from .kv_transfer import KVPayload, PayloadCollector, adopt, _DTYPES
 
 # %% auto #0
-__all__ = ['LEASE_S', 'send', 'no_delay', 'recv', 'params_dict', 'write_payload', 'read_payload', 'decode_loop', 'prefill_loop',
-           'worker_main']
+__all__ = ['LEASE_S', 'send', 'no_delay', 'recv', 'params_dict', 'write_payload', 'read_payload', 'run_worker', 'decode_loop',
+           'prefill_loop']
 
 # %% ../../nbs/57_disagg.ipynb #37e7cdbc
 LEASE_S = 30.0                          # a KV segment nobody adopted is unlinked after this (vLLM's NIXL lease)
@@ -65,15 +61,16 @@ def read_payload(name: str, meta: dict) -> KVPayload:
         shm.close(); shm.unlink()
     return KVPayload(kv, scales, meta["prompt_token_ids"], meta["first_token"])
 
-# %% ../../nbs/57_disagg.ipynb #1ad895a3
+# %% ../../nbs/57_disagg.ipynb #714ba0cd
 def _set_process_name(name: str):
     try: ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)      # PR_SET_NAME: what ps -e shows
     except Exception: pass
 
-def _pool(engine) -> dict:
-    bm, s = engine.block_manager, engine.scheduler
-    return dict(free=bm.num_free_blocks, blocks=bm.num_blocks, query=bm.query_tokens, hits=bm.hit_tokens,
-                running=len(s.running), waiting=len(s.waiting))
+def _pool(engine: Engine) -> dict:
+    "A worker's load figures for the router (chapter 15b's `stats()`)."
+    s = engine.stats()
+    return dict(free=s["free_blocks"], blocks=s["num_blocks"], query=s["prefix_query_tokens"],
+                hits=s["prefix_hit_tokens"], running=s["num_running"], waiting=s["num_waiting"])
 
 def _out(o: RequestOutput, sent: dict) -> dict:
     n = sent.get(o.request_id, 0)
@@ -82,6 +79,19 @@ def _out(o: RequestOutput, sent: dict) -> dict:
     return dict(rid=o.request_id, tokens=o.token_ids[n:], new_text=o.new_text, text=o.text if o.finished else None,
                 finished=o.finished, reason=o.finish_reason, error=None if o.error is None else str(o.error))
 
+def run_worker(engine: LLMEngine, role: str, name: str, address: str, authkey: bytes):
+    """A disaggregation worker's life (`inferlab worker`, chapter 08, builds `engine` with every engine flag): connect
+    to the router at `address`, say it is ready, then loop until the router stops it or goes away."""
+    if role not in ("prefill", "decode"): raise ValueError(f"--role: expected prefill or decode, got {role!r}")
+    _set_process_name(name)
+    host, port = address.rsplit(":", 1)
+    conn = no_delay(Client((host, int(port)), authkey=authkey))
+    if role == "prefill": engine.kv_connector = PayloadCollector()   # its finished prompts leave their KV blocks
+    send(conn, dict(op="ready", name=name, pool=_pool(engine)))
+    try: (prefill_loop if role == "prefill" else decode_loop)(engine, conn)
+    except (EOFError, ConnectionError): pass                       # the router is gone: so are we
+
+# %% ../../nbs/57_disagg.ipynb #70b07bfd
 def decode_loop(engine: LLMEngine, conn):
     sent = {}
     while True:
@@ -102,7 +112,7 @@ def decode_loop(engine: LLMEngine, conn):
         outs = engine.step() if engine.has_unfinished() else []
         if outs or replies: send(conn, dict(op="out", outs=[_out(o, sent) for o in outs] + replies, pool=_pool(engine)))
 
-def prefill_loop(engine: PrefillEngine, conn):
+def prefill_loop(engine: LLMEngine, conn):
     leases = []                                                   # (segment, created): unlinked by the adopter
     while True:
         timeout = 0 if engine.has_unfinished() else 0.05
@@ -118,7 +128,7 @@ def prefill_loop(engine: PrefillEngine, conn):
         if engine.has_unfinished():
             for o in engine.step():
                 if not o.finished: continue
-                pl = engine.payloads.pop(o.request_id, None)
+                pl = engine.kv_connector.payloads.pop(o.request_id, None)
                 if pl is None: msgs.append(dict(op="prefill_failed", rid=o.request_id, error=str(o.error))); continue
                 name, meta = write_payload(pl)
                 leases.append((name, time.monotonic()))
@@ -129,22 +139,3 @@ def prefill_loop(engine: PrefillEngine, conn):
             name, _ = leases.pop(0)
             try: s = shared_memory.SharedMemory(name=name); s.close(); s.unlink()
             except FileNotFoundError: pass
-
-def worker_main(argv=None):
-    ap = argparse.ArgumentParser(prog="inferlab-worker")
-    ap.add_argument("name"); ap.add_argument("--address", required=True); ap.add_argument("--model", required=True)
-    ap.add_argument("--dtype", default=None); ap.add_argument("--engine", default="{}")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads of this worker's torch (default: torch's)")
-    a = ap.parse_args(argv)
-    _set_process_name(a.name)
-    if a.threads: torch.set_num_threads(a.threads)                 # workers sharing a host split its cores
-    host, port = a.address.rsplit(":", 1)
-    conn = no_delay(Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("INFERLAB_AUTHKEY"))))
-    role = a.name.split("-")[1]
-    kind = PrefillEngine if role == "prefill" else LLMEngine
-    engine = kind.from_pretrained(a.model, dtype=a.dtype, **json.loads(a.engine))
-    send(conn, dict(op="ready", name=a.name, pool=_pool(engine)))
-    try: (prefill_loop if role == "prefill" else decode_loop)(engine, conn)
-    except (EOFError, ConnectionError): pass                       # the router is gone: so are we
-
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1].startswith("inferlab-"): worker_main()   # not in a notebook

@@ -10,13 +10,16 @@ import time
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
-from ..engine.llm_engine import LLMEngine
+from ..model.config import resolve_model_path
+from ..model.model import load_model
+from ..model.tokenizer import load_tokenizer
+from ..engine.sequence import Sequence
+from ..engine.llm_engine import LLMEngine, EngineConfig
 from ..engine.paged_attention import KV_CACHE_DTYPES
 from ..model.sampling import SamplingParams
 
 # %% auto #0
-__all__ = ['HEADER', 'KVPayload', 'gather_kv', 'scatter_kv', 'PrefillEngine', 'prefill', 'adopt', 'send_kv', 'recv_kv',
-           'disagg_demo']
+__all__ = ['HEADER', 'KVPayload', 'PayloadCollector', 'prefill_engine', 'prefill', 'adopt', 'send_kv', 'recv_kv', 'disagg_demo']
 
 # %% ../../nbs/56_kv_transfer.ipynb #bb80f1e0
 @dataclass
@@ -31,49 +34,26 @@ class KVPayload:
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size() + (0 if self.scales is None else self.scales.numel() * 4)
 
-def gather_kv(engine: LLMEngine, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    "Copy blocks `block_ids` of every layer out of `engine`'s paged cache: (kv, scales)."
-    cache, idx = engine.runner.kv_cache, torch.tensor(block_ids, dtype=torch.long)
-    kv = torch.stack([torch.stack([k.index_select(0, idx.to(k.device)), v.index_select(0, idx.to(v.device))])
-                      for k, v in zip(cache.k, cache.v)])                       # [L, 2, n, bs, hkv, d]
-    scales = None if cache.k_scale is None else torch.stack(
-        [torch.stack([ks, vs]) for ks, vs in zip(cache.k_scale, cache.v_scale)]).float()   # [L, 2, hkv]
-    return kv, scales
-
-def scatter_kv(engine: LLMEngine, block_ids: list[int], kv: torch.Tensor, scales: torch.Tensor | None):
-    "Write `kv` `[L, 2, n, ...]` into blocks `block_ids` of `engine`'s cache (shapes, dtypes and scales must agree)."
-    cache = engine.runner.kv_cache
-    want = (len(cache.k), 2, len(block_ids), *cache.k[0].shape[1:])
-    if tuple(kv.shape) != want: raise ValueError(f"kv: shape {list(kv.shape)} does not fit this engine's cache {list(want)}")
-    if kv.dtype != cache.k[0].dtype:
-        raise ValueError(f"kv: dtype {kv.dtype} but this engine's cache holds {cache.k[0].dtype} (same kv_cache_dtype on both sides)")
-    if (scales is None) != (cache.k_scale is None) or (scales is not None and not torch.equal(
-            scales, torch.stack([torch.stack([a, b]) for a, b in zip(cache.k_scale, cache.v_scale)]).float().to(scales.device))):
-        raise ValueError("kv: the two engines' KV scales differ; codes cannot be reused (calibrate both the same way)")
-    idx = torch.tensor(block_ids, dtype=torch.long, device=cache.k[0].device)
-    raw = (lambda t: t.view(torch.uint8)) if kv.element_size() == 1 else (lambda t: t)   # CPU has no fp8 index_copy
-    for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
-        raw(k).index_copy_(0, idx, raw(kv[layer, 0]).to(k.device)); raw(v).index_copy_(0, idx, raw(kv[layer, 1]).to(v.device))
-
 # %% ../../nbs/56_kv_transfer.ipynb #12a75234
-class PrefillEngine(LLMEngine):
-    "An engine that prefills: each finished request leaves a `KVPayload` in `payloads` (request id → payload)."
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.payloads: dict[str, KVPayload] = {}
+class PayloadCollector:
+    "A prefill engine's KV connector: each finished prompt's blocks, copied out into `payloads[request_id]`."
+    def __init__(self): self.payloads: dict[str, KVPayload] = {}
 
-    def process(self, batch, samplers, logits):
-        tables = {seq.request_id: list(seq.block_table) for seq in batch.seqs}   # before finishing frees them
-        outputs = super().process(batch, samplers, logits)
-        for o in outputs:
-            if o.finished and o.error is None and o.token_ids and o.request_id in tables:
-                n = self.block_manager.blocks_needed(len(o.prompt_token_ids))
-                kv, scales = gather_kv(self, tables[o.request_id][:n])
-                self.payloads[o.request_id] = KVPayload(kv, scales, list(o.prompt_token_ids), o.token_ids[0])
-        return outputs
+    def save(self, engine: LLMEngine, seq: Sequence):
+        if not seq.output_token_ids: return
+        n = engine.block_manager.blocks_needed(seq.num_prompt_tokens)
+        kv, scales = engine.runner.read_kv(seq.block_table[:n])
+        self.payloads[seq.request_id] = KVPayload(kv, scales, list(seq.prompt_token_ids), seq.output_token_ids[0])
 
-def prefill(engine: PrefillEngine, prompts: list[list[int]], params: SamplingParams | None = None) -> list[KVPayload]:
-    "Prefill `prompts` on `engine` (continuously batched) and return each one's payload, in order."
+def prefill_engine(model="tiny-dense", dtype=None, **engine_config) -> LLMEngine:
+    "An engine over a checkpoint whose finished prompts leave their KV in `engine.kv_connector.payloads`."
+    path = resolve_model_path(model)
+    engine = LLMEngine(load_model(path, dtype=dtype), load_tokenizer(path), EngineConfig(**engine_config))
+    engine.kv_connector = PayloadCollector()
+    return engine
+
+def prefill(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams | None = None) -> list[KVPayload]:
+    "Prefill `prompts` on `engine` (continuously batched; its connector a `PayloadCollector`): each one's payload."
     params = params or SamplingParams(temperature=0)
     one = SamplingParams(**{**params.__dict__, "max_tokens": 1, "stop": [], "stop_token_ids": [], "ignore_eos": True,
                             "logprobs": None})
@@ -83,7 +63,7 @@ def prefill(engine: PrefillEngine, prompts: list[list[int]], params: SamplingPar
         for o in engine.step():
             if o.finished and o.error is not None: errors[o.request_id] = o.error
     if errors: raise RuntimeError(f"prefill: {len(errors)} prompt(s) failed, first: {next(iter(errors.values()))}")
-    return [engine.payloads.pop(r) for r in rids]
+    return [engine.kv_connector.payloads.pop(r) for r in rids]
 
 # %% ../../nbs/56_kv_transfer.ipynb #65075b66
 def adopt(engine: LLMEngine, payload: KVPayload, params: SamplingParams | None = None, request_id: str | None = None) -> str:
@@ -93,7 +73,7 @@ def adopt(engine: LLMEngine, payload: KVPayload, params: SamplingParams | None =
         if payload.kv.shape[2] != n:
             raise ValueError(f"kv: {payload.kv.shape[2]} blocks for a {len(payload.prompt_token_ids)}-token prompt "
                              f"(expected {n})")
-        if fresh: scatter_kv(engine, [block_table[i] for i in fresh], payload.kv[:, :, fresh], payload.scales)
+        if fresh: engine.runner.write_kv([block_table[i] for i in fresh], payload.kv[:, :, fresh], payload.scales)
     return engine.add_prefilled(payload.prompt_token_ids, payload.first_token, write_kv, params, request_id)
 
 # %% ../../nbs/56_kv_transfer.ipynb #b94cf345
@@ -127,8 +107,10 @@ def recv_kv(src: int, group=None) -> KVPayload:
 def disagg_demo(rank: int, world_size: int, prompts: list, max_tokens: int, kv_cache_dtype=None) -> dict:
     """Run by `run_spmd`: rank 0 prefills `prompts` and sends each payload to rank 1, which adopts and decodes them.
     Rank 1 returns the tokens, the bytes received and the seconds spent receiving."""
-    kind = PrefillEngine if rank == 0 else LLMEngine
-    engine = kind.from_pretrained("tiny-dense", dtype="float32", kv_cache_dtype=kv_cache_dtype)
+    if rank == 0: engine = prefill_engine("tiny-dense", dtype="float32", kv_cache_dtype=kv_cache_dtype)
+    else:
+        path = resolve_model_path("tiny-dense")
+        engine = LLMEngine(load_model(path, dtype="float32"), load_tokenizer(path), EngineConfig(kv_cache_dtype=kv_cache_dtype))
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     if rank == 0:
         for p in prefill(engine, prompts, params): send_kv(p, 1)

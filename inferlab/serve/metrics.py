@@ -50,22 +50,21 @@ class ServerMetrics:
         self._moved = (0, 0)
 
     def observe_step(self, engine, outputs):
-        now = time.perf_counter()
-        self.running.set(len(engine.scheduler.running)); self.waiting.set(len(engine.scheduler.waiting))
-        bm = engine.block_manager
-        self.kv_usage.set(1 - bm.num_free_blocks / bm.num_blocks)
-        q, hits = bm.query_tokens - self._prefix[0], bm.hit_tokens - self._prefix[1]
+        "After a step: the engine's load figures (chapter 15b's `stats()`, any kind of engine), then each output."
+        now, s = time.perf_counter(), engine.stats()
+        self.running.set(s["num_running"]); self.waiting.set(s["num_waiting"])
+        self.kv_usage.set(1 - s["free_blocks"] / max(1, s["num_blocks"]))
+        q, hits = s["prefix_query_tokens"] - self._prefix[0], s["prefix_hit_tokens"] - self._prefix[1]
         if q: self.prefix_queries.inc(q); self.prefix_hits.inc(hits)
-        self._prefix = (bm.query_tokens, bm.hit_tokens)
-        if hasattr(engine, "queue_depths"): self._observe_transfers(engine)
+        self._prefix = (s["prefix_query_tokens"], s["prefix_hit_tokens"])
+        if "kv_transfer_bytes" in s: self._observe_transfers(s)
         for out in outputs: self._observe_output(out, now)
 
-    def _observe_transfers(self, engine):
-        "A disaggregation router's counters: bytes and blocks moved since the last step, adoption times, queues."
-        self.kv_bytes.inc(engine.kv_bytes - self._moved[0]); self.kv_blocks.inc(engine.kv_blocks - self._moved[1])
-        self._moved = (engine.kv_bytes, engine.kv_blocks)
-        while engine.kv_seconds: self.kv_seconds.observe(engine.kv_seconds.pop())
-        for role, n in engine.queue_depths().items(): self._queue.labels(self.model_name, role).set(n)
+    def _observe_transfers(self, s: dict):
+        "A disaggregation router's counters: bytes and blocks moved since the last step, and each role's queue."
+        self.kv_bytes.inc(s["kv_transfer_bytes"] - self._moved[0]); self.kv_blocks.inc(s["kv_transfer_blocks"] - self._moved[1])
+        self._moved = (s["kv_transfer_bytes"], s["kv_transfer_blocks"])
+        for role in ("prefill", "decode"): self._queue.labels(self.model_name, role).set(s[f"num_in_flight_{role}"])
 
     def _observe_output(self, out, now: float):
         n, last = self._seen.get(out.request_id, (0, None))
@@ -76,6 +75,8 @@ class ServerMetrics:
             if n == 0 and out.metrics.first_token_time is not None: self.ttft.observe(out.metrics.ttft)
             elif last is not None and n > 0: self.itl.observe(now - last)
         if out.finished:
+            if out.metrics is not None and out.metrics.kv_transfer_time is not None:
+                self.kv_seconds.observe(out.metrics.kv_transfer_time)       # a request whose KV came from a prefill worker
             self._seen.pop(out.request_id, None)
             self._success.labels(self.model_name, out.finish_reason or "unknown").inc()
             if out.metrics.finish_time is not None: self.e2e.observe(out.metrics.e2e)

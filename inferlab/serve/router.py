@@ -6,20 +6,21 @@ Docs: https://inferlab.github.io/inferlab/router.html.md"""
 
 # %% ../../nbs/58_router.ipynb #8506fd26
 from __future__ import annotations
-import json, os, re, secrets, subprocess, sys, threading, time, weakref
+import os, re, secrets, subprocess, sys, threading, time, weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener, wait
-from types import SimpleNamespace
+from fastcore.basics import patch
 from ..model.config import load_config, resolve_model_path
 from ..model.generate import check_prompt
 from ..model.tokenizer import load_tokenizer
-from ..engine.llm_engine import EngineConfig, RequestOutput, RequestMetrics, as_params
+from ..engine.interface import Engine, RequestOutput, RequestMetrics
+from ..engine.llm_engine import EngineConfig, as_params
 from ..engine.block_manager import block_hash
 from .disagg import send, recv, params_dict, no_delay
 
 # %% auto #0
-__all__ = ['parse_disaggregation', 'prompt_hashes', 'remote_prefill', 'Worker', 'Route', 'start_workers', 'DisaggRouter',
-           'stop_workers']
+__all__ = ['parse_disaggregation', 'prompt_hashes', 'remote_prefill', 'Worker', 'Route', 'worker_command', 'start_workers',
+           'DisaggRouter', 'stop_workers']
 
 # %% ../../nbs/58_router.ipynb #c2080000
 def parse_disaggregation(spec: str) -> tuple[int, int]:
@@ -41,7 +42,7 @@ def remote_prefill(uncached: int, prefill_queue: int, max_local_prefill_length: 
     "Dynamo's rule: prefill elsewhere only a long uncached prompt, and only while the prefill queue is short."
     return uncached > max_local_prefill_length and prefill_queue < max_prefill_queue
 
-# %% ../../nbs/58_router.ipynb #30f51749
+# %% ../../nbs/58_router.ipynb #da6ec772
 @dataclass
 class Worker:
     name: str
@@ -68,22 +69,27 @@ class Route:
     first_token: float | None = None
     tokens: list = field(default_factory=list)
     text: str = ""
+    kv_transfer_time: float | None = None             # the decode worker's adoption of the KV, when it moved
 
-def start_workers(path, num_prefill: int, num_decode: int, dtype=None, engine: dict | None = None,
-                  timeout_s: float = 180.0, threads: int | None = None) -> tuple[list[Worker], Listener]:
+def worker_command(name: str, port: int, threads: int, worker_args: list[str]) -> list[str]:
+    "How a worker starts: `inferlab worker` (chapter 08) with its role and name, and every engine flag of the server."
+    role = name.split("-")[1]
+    return [sys.executable, "-m", "inferlab.cli", "worker", "--role", role, "--name", name,
+            "--router", f"127.0.0.1:{port}", "--threads", str(threads)] + list(worker_args)
+
+# %% ../../nbs/58_router.ipynb #bf8d9311
+def start_workers(num_prefill: int, num_decode: int, worker_args: list[str] = (), timeout_s: float = 180.0,
+                  threads: int | None = None) -> tuple[list[Worker], Listener]:
     """Spawn the worker processes and wait until each has built its engine. On one host they split its cores:
     `threads` each (default: cores // workers, at least 1), so that a prefill does not take the decode worker's
     cores (oversubscribed OpenMP threads slow every step)."""
     threads = threads or max(1, (os.cpu_count() or 1) // (num_prefill + num_decode))
     key = secrets.token_bytes(16)
     listener = Listener(("127.0.0.1", 0), authkey=key)
-    port = listener.address[1]
     names = [f"inferlab-prefill-{i}" for i in range(num_prefill)] + [f"inferlab-decode-{i}" for i in range(num_decode)]
-    workers = {}
-    for n in names:
-        cmd = [sys.executable, "-m", "inferlab.serve.disagg", n, "--address", f"127.0.0.1:{port}", "--model", str(path),
-               "--engine", json.dumps(engine or {}), "--threads", str(threads)] + (["--dtype", str(dtype)] if dtype else [])
-        workers[n] = Worker(n, subprocess.Popen(cmd, env={**os.environ, "INFERLAB_AUTHKEY": key.hex()}))
+    env = {**os.environ, "INFERLAB_AUTHKEY": key.hex()}
+    workers = {n: Worker(n, subprocess.Popen(worker_command(n, listener.address[1], threads, worker_args), env=env))
+               for n in names}
     conns: list = []
     acceptor = threading.Thread(target=lambda: [conns.append(no_delay(listener.accept())) for _ in names], daemon=True)
     acceptor.start()
@@ -105,29 +111,23 @@ def start_workers(path, num_prefill: int, num_decode: int, dtype=None, engine: d
         listener.close(); raise
     return list(workers.values()), listener
 
-# %% ../../nbs/58_router.ipynb #a721c54c
-class _Queues(SimpleNamespace): pass
-
-class DisaggRouter:
-    "The front end's engine for `--disaggregation xPyD`: routes requests over prefill and decode worker processes."
-    def __init__(self, model=None, num_prefill: int = 1, num_decode: int = 1, *, dtype=None,
+# %% ../../nbs/58_router.ipynb #3819cfc5
+class DisaggRouter(Engine):
+    """The front end's engine for `--disaggregation xPyD`: an `Engine` (chapter 15b) whose model runs in prefill and
+    decode worker processes. `worker_args`: the engine flags every worker is started with (chapter 08)."""
+    def __init__(self, model=None, num_prefill: int = 1, num_decode: int = 1, *, worker_args: list[str] = (),
                  max_local_prefill_length: int = 1000, max_prefill_queue: int = 2, **engine_config):
         self.config = EngineConfig(**engine_config)              # checked here, built by every worker
         path = resolve_model_path(model)
-        cfg = load_config(path)
-        self.model = SimpleNamespace(config=cfg, source=str(path))
-        self.tokenizer = load_tokenizer(path)
+        cfg = self.model_config = load_config(path)
+        self.model_name, self.tokenizer = str(path), load_tokenizer(path)
         self.max_model_len = min(cfg.max_position_embeddings, self.config.max_model_len or cfg.max_position_embeddings)
         self.max_local_prefill_length, self.max_prefill_queue = max_local_prefill_length, max_prefill_queue
-        self.workers, self._listener = start_workers(path, num_prefill, num_decode, dtype, engine_config)
+        self.workers, self._listener = start_workers(num_prefill, num_decode, worker_args)
         self._finalizer = weakref.finalize(self, stop_workers, self.workers, self._listener)
         self.requests: dict[str, Route] = {}
         self._done: list[RequestOutput] = []
         self.kv_bytes = self.kv_blocks = self.remote_prefills = self.local_prefills = self.fallbacks = self.rerouted = 0
-        self.kv_seconds: list[float] = []                         # adoption times, drained by the metrics
-        self.scheduler = _Queues(running=[], waiting=[])
-        self.block_manager = _Queues(num_free_blocks=0, num_blocks=1, query_tokens=0, hit_tokens=0)
-        self._refresh()
 
     def _live(self, role: str) -> list[Worker]: return [w for w in self.workers if w.alive and w.role == role]
 
@@ -136,160 +136,6 @@ class DisaggRouter:
         if not w.alive: return False
         try: send(w.conn, msg); return True
         except OSError: self._lost(w); return False
-
-    # -- requests ------------------------------------------------------------------------------------------------
-    def add_request(self, prompt, params=None, request_id: str | None = None, priority: int = 0, arrival_time=None) -> str:
-        params = as_params(params)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        check_prompt(ids, self.model.config)
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens do not fit max_model_len={self.max_model_len}")
-        rid = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
-        if rid in self.requests: raise ValueError(f"request_id: {rid!r} is already in flight")
-        self._reap()
-        hashes = prompt_hashes(ids, self.config.block_size)
-        def cached(w): return next((i for i, h in enumerate(hashes) if h not in w.hashes), len(hashes)) * self.config.block_size
-        while True:
-            decoders = self._live("decode")
-            if not decoders: raise RuntimeError("disaggregation: no decode worker is alive")
-            d = min(decoders, key=lambda w: (len(w.inflight) - cached(w) / 512, w.name))   # load, then affinity
-            route = Route(rid, prompt, ids, params, d, arrival=arrival_time or time.perf_counter())
-            prefillers, uncached = self._live("prefill"), len(ids) - cached(d)
-            queue = sum(len(w.inflight) for w in prefillers)
-            if prefillers and params.logprobs is None and remote_prefill(uncached, queue, self.max_local_prefill_length,
-                                                                          self.max_prefill_queue):
-                route.prefill = min(prefillers, key=lambda w: len(w.inflight))
-                if self._post(route.prefill, dict(op="prefill", rid=rid, prompt=ids, params=params_dict(params))):
-                    route.prefill.inflight.add(rid); self.remote_prefills += 1
-                    break
-                route.prefill = None                              # that prefill worker just died: prefill locally
-            if self._post(d, dict(op="add", rid=rid, prompt=ids, params=params_dict(params))):
-                self.local_prefills += 1
-                break                                             # else d just died: pick another
-        d.inflight.add(rid); d.hashes.update(hashes)
-        self.requests[rid] = route
-        return rid
-
-    def abort(self, request_id: str) -> bool:
-        r = self.requests.get(request_id)
-        if r is None: return False
-        if r.prefill is None: self._post(r.decode, dict(op="abort", rid=request_id))
-        if request_id in self.requests: self._finish(r, "abort")                                 # a late KV for it is dropped (lease reclaims it)
-        return True
-
-    def fail(self, request_id: str, err: Exception):
-        r = self.requests.get(request_id)
-        if r is None: return None
-        self._post(r.decode, dict(op="abort", rid=request_id))
-        return self._finish(r, "error", err) if request_id in self.requests else None
-
-    def has_unfinished(self) -> bool: return bool(self.requests) or bool(self._done)
-
-    def _finish(self, r: Route, reason: str, err=None, text=None) -> RequestOutput:
-        self.requests.pop(r.rid, None)
-        r.decode.inflight.discard(r.rid)
-        if r.prefill is not None: r.prefill.inflight.discard(r.rid)
-        out = self._output(r, True, reason, "", err, text)
-        self._done.append(out)
-        return out
-
-    def _output(self, r: Route, finished: bool, reason, new_text: str, err=None, text=None) -> RequestOutput:
-        m = RequestMetrics(r.arrival, r.first_token, time.perf_counter() if finished else None)
-        return RequestOutput(r.rid, r.prompt if isinstance(r.prompt, str) else None, r.ids, r.text if text is None else text,
-                             list(r.tokens), finished, reason, new_text, metrics=m,
-                             error=None if err is None else (err if isinstance(err, Exception) else RuntimeError(err)))
-
-    # -- the loop --------------------------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        "Wait up to 20 ms for the workers' reports; the outputs of every request that advanced or ended."
-        outputs, self._done = self._done, []
-        live = {w.conn: w for w in self.workers if w.alive}
-        for conn in wait(list(live), timeout=0 if outputs else 0.02):
-            w = live[conn]
-            try:
-                while w.alive and conn.poll(0): outputs += self._handle(w, recv(conn))
-            except (EOFError, OSError): outputs += self._lost(w)
-        outputs += self._done; self._done = []
-        self._refresh()
-        return outputs
-
-    def _handle(self, w: Worker, m: dict) -> list[RequestOutput]:
-        if m["op"] == "kv":                                       # a prefill finished: forward its KV
-            r = self.requests.get(m["rid"]); w.inflight.discard(m["rid"])
-            if r is None: return []                               # aborted meanwhile: the lease reclaims the segment
-            self.kv_bytes += m["nbytes"]; self.kv_blocks += m["blocks"]
-            r.prefill = None
-            self._post(r.decode, dict(op="adopt", rid=r.rid, shm=m["shm"], meta=m["meta"], params=params_dict(r.params)))
-            return []
-        if m["op"] == "prefill_failed": return self._fallback(m["rid"])
-        outs = []
-        w.pool = m["pool"]
-        for o in m["outs"]:
-            r = self.requests.get(o["rid"])
-            if r is None: continue
-            if "adopted" in o: self.kv_seconds.append(o["adopted"]); continue
-            if o["tokens"] and r.first_token is None: r.first_token = time.perf_counter()
-            r.tokens += o["tokens"]; r.text += o["new_text"]
-            if o["finished"]: self._finish(r, o["reason"], o["error"], o["text"])   # delivered through _done
-            else: outs.append(self._output(r, False, None, o["new_text"]))
-        return outs
-
-    def _fallback(self, rid: str) -> list[RequestOutput]:
-        "A remote prefill failed or its worker died: the decode worker prefills it itself."
-        r = self.requests.get(rid)
-        if r is None: return []
-        if r.prefill is not None: r.prefill.inflight.discard(rid)
-        r.prefill = None; self.fallbacks += 1
-        self._post(r.decode, dict(op="add", rid=rid, prompt=r.ids, params=params_dict(r.params)))
-        return []
-
-    def _reap(self):
-        "Notice a worker that died while the router was idle: no `step` runs then to read its connection's EOF."
-        for w in self.workers:
-            if w.alive and w.proc.poll() is not None: self._lost(w)
-
-    def _lost(self, w: Worker) -> list[RequestOutput]:
-        if not w.alive: return []
-        w.alive = False
-        if w.role == "prefill":
-            for rid in list(w.inflight): self._fallback(rid)
-            return []
-        err = RuntimeError(f"{w.name} (pid {w.proc.pid}) died; the request was ended")
-        for r in [r for r in self.requests.values() if r.decode is w]:
-            if r.tokens or not self._reroute(r): self._finish(r, "error", err)
-        return []
-
-    def _reroute(self, r: Route) -> bool:
-        """A request whose decode worker died before its first token starts again on a survivor: the client has seen
-        nothing, so it sees no error (one that has streamed tokens cannot be resumed elsewhere: it ends with one)."""
-        for d in sorted(self._live("decode"), key=lambda w: (len(w.inflight), w.name)):
-            if r.prefill is None and not self._post(d, dict(op="add", rid=r.rid, prompt=r.ids, params=params_dict(r.params))):
-                continue                                          # d died too: its own requests are handled by _lost(d)
-            r.decode = d; d.inflight.add(r.rid); self.rerouted += 1   # a remote prefill in flight: its KV goes to d
-            return True
-        return False
-
-    def _refresh(self):
-        "The queue and pool views the metrics read, from the decode workers' last reports."
-        pools = [w.pool for w in self._live("decode") if w.pool]
-        ever = [w.pool for w in self.workers if w.role == "decode" and w.pool]   # counters stay counted after a death
-        bm = self.block_manager
-        bm.num_free_blocks, bm.num_blocks = sum(p["free"] for p in pools), max(1, sum(p["blocks"] for p in pools))
-        bm.query_tokens, bm.hit_tokens = sum(p["query"] for p in ever), sum(p["hits"] for p in ever)
-        started = [r for r in self.requests.values() if r.first_token is not None]
-        self.scheduler.running = started
-        self.scheduler.waiting = [r for r in self.requests.values() if r.first_token is None]
-
-    def queue_depths(self) -> dict:
-        "Requests in flight per role (the prefill queue is what the conditional rule reads)."
-        return {"prefill": sum(len(w.inflight) for w in self._live("prefill")),
-                "decode": sum(len(w.inflight) for w in self._live("decode"))}
-
-    def stats(self) -> dict:
-        bm = self.block_manager
-        return dict(kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks, remote_prefills=self.remote_prefills,
-                    local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted, free_blocks=bm.num_free_blocks,
-                    num_blocks=bm.num_blocks, workers={w.name: w.alive for w in self.workers})
 
     def shutdown(self): self._finalizer()     # once; also when the router is collected or the interpreter exits
 
@@ -304,3 +150,163 @@ def stop_workers(workers: list[Worker], listener):
         except subprocess.TimeoutExpired: w.proc.kill(); w.proc.wait()
         w.alive = False
     listener.close()
+
+# %% ../../nbs/58_router.ipynb #ff9727c1
+@patch
+def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None = None, priority: int = 0, arrival_time=None) -> str:
+    params = as_params(params)
+    ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    check_prompt(ids, self.model_config)
+    if len(ids) >= self.max_model_len:
+        raise ValueError(f"prompt: {len(ids)} tokens do not fit max_model_len={self.max_model_len}")
+    rid = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
+    if rid in self.requests: raise ValueError(f"request_id: {rid!r} is already in flight")
+    self._reap()
+    hashes = prompt_hashes(ids, self.config.block_size)
+    def cached(w): return next((i for i, h in enumerate(hashes) if h not in w.hashes), len(hashes)) * self.config.block_size
+    while True:
+        decoders = self._live("decode")
+        if not decoders: raise RuntimeError("disaggregation: no decode worker is alive")
+        d = min(decoders, key=lambda w: (len(w.inflight) - cached(w) / 512, w.name))   # load, then affinity
+        route = Route(rid, prompt, ids, params, d, arrival=arrival_time or time.perf_counter())
+        prefillers, uncached = self._live("prefill"), len(ids) - cached(d)
+        queue = sum(len(w.inflight) for w in prefillers)
+        if prefillers and params.logprobs is None and remote_prefill(uncached, queue, self.max_local_prefill_length,
+                                                                      self.max_prefill_queue):
+            route.prefill = min(prefillers, key=lambda w: len(w.inflight))
+            if self._post(route.prefill, dict(op="prefill", rid=rid, prompt=ids, params=params_dict(params))):
+                route.prefill.inflight.add(rid); self.remote_prefills += 1
+                break
+            route.prefill = None                              # that prefill worker just died: prefill locally
+        if self._post(d, dict(op="add", rid=rid, prompt=ids, params=params_dict(params))):
+            self.local_prefills += 1
+            break                                             # else d just died: pick another
+    d.inflight.add(rid); d.hashes.update(hashes)
+    self.requests[rid] = route
+    return rid
+
+@patch
+def abort(self: DisaggRouter, request_id: str) -> bool:
+    r = self.requests.get(request_id)
+    if r is None: return False
+    if r.prefill is None: self._post(r.decode, dict(op="abort", rid=request_id))
+    if request_id in self.requests: self._finish(r, "abort")                                 # a late KV for it is dropped (lease reclaims it)
+    return True
+
+@patch
+def has_unfinished(self: DisaggRouter) -> bool: return bool(self.requests) or bool(self._done)
+
+@patch
+def _finish(self: DisaggRouter, r: Route, reason: str, err=None, text=None) -> RequestOutput:
+    self.requests.pop(r.rid, None)
+    r.decode.inflight.discard(r.rid)
+    if r.prefill is not None: r.prefill.inflight.discard(r.rid)
+    out = self._output(r, True, reason, "", err, text)
+    self._done.append(out)
+    return out
+
+@patch
+def _output(self: DisaggRouter, r: Route, finished: bool, reason, new_text: str, err=None, text=None) -> RequestOutput:
+    m = RequestMetrics(r.arrival, r.first_token, time.perf_counter() if finished else None,
+                       kv_transfer_time=r.kv_transfer_time)
+    return RequestOutput(r.rid, r.prompt if isinstance(r.prompt, str) else None, r.ids, r.text if text is None else text,
+                         list(r.tokens), finished, reason, new_text, metrics=m,
+                         error=None if err is None else (err if isinstance(err, Exception) else RuntimeError(err)))
+
+# %% ../../nbs/58_router.ipynb #7e196843
+@patch
+def step(self: DisaggRouter) -> list[RequestOutput]:
+    "Wait up to 20 ms for the workers' reports; the outputs of every request that advanced or ended."
+    outputs, self._done = self._done, []
+    live = {w.conn: w for w in self.workers if w.alive}
+    for conn in wait(list(live), timeout=0 if outputs else 0.02):
+        w = live[conn]
+        try:
+            while w.alive and conn.poll(0): outputs += self._handle(w, recv(conn))
+        except (EOFError, OSError): outputs += self._lost(w)
+    outputs += self._done; self._done = []
+    return outputs
+
+@patch
+def _handle(self: DisaggRouter, w: Worker, m: dict) -> list[RequestOutput]:
+    if m["op"] == "kv":                                       # a prefill finished: forward its KV
+        r = self.requests.get(m["rid"]); w.inflight.discard(m["rid"])
+        if r is None: return []                               # aborted meanwhile: the lease reclaims the segment
+        self.kv_bytes += m["nbytes"]; self.kv_blocks += m["blocks"]
+        r.prefill = None
+        self._post(r.decode, dict(op="adopt", rid=r.rid, shm=m["shm"], meta=m["meta"], params=params_dict(r.params)))
+        return []
+    if m["op"] == "prefill_failed": return self._fallback(m["rid"])
+    outs = []
+    w.pool = m["pool"]
+    for o in m["outs"]:
+        r = self.requests.get(o["rid"])
+        if r is None: continue
+        if "adopted" in o: r.kv_transfer_time = o["adopted"]; continue    # reported with the request's metrics
+        if o["tokens"] and r.first_token is None: r.first_token = time.perf_counter()
+        r.tokens += o["tokens"]; r.text += o["new_text"]
+        if o["finished"]: self._finish(r, o["reason"], o["error"], o["text"])   # delivered through _done
+        else: outs.append(self._output(r, False, None, o["new_text"]))
+    return outs
+
+@patch
+def _fallback(self: DisaggRouter, rid: str) -> list[RequestOutput]:
+    "A remote prefill failed or its worker died: the decode worker prefills it itself."
+    r = self.requests.get(rid)
+    if r is None: return []
+    if r.prefill is not None: r.prefill.inflight.discard(rid)
+    r.prefill = None; self.fallbacks += 1
+    self._post(r.decode, dict(op="add", rid=rid, prompt=r.ids, params=params_dict(r.params)))
+    return []
+
+# %% ../../nbs/58_router.ipynb #aaa8aed4
+@patch
+def _reap(self: DisaggRouter):
+    "Notice a worker that died while the router was idle: no `step` runs then to read its connection's EOF."
+    for w in self.workers:
+        if w.alive and w.proc.poll() is not None: self._lost(w)
+
+@patch
+def _lost(self: DisaggRouter, w: Worker) -> list[RequestOutput]:
+    if not w.alive: return []
+    w.alive = False
+    if w.role == "prefill":
+        for rid in list(w.inflight): self._fallback(rid)
+        return []
+    err = RuntimeError(f"{w.name} (pid {w.proc.pid}) died; the request was ended")
+    for r in [r for r in self.requests.values() if r.decode is w]:
+        if r.tokens or not self._reroute(r): self._finish(r, "error", err)
+    return []
+
+@patch
+def _reroute(self: DisaggRouter, r: Route) -> bool:
+    """A request whose decode worker died before its first token starts again on a survivor: the client has seen
+    nothing, so it sees no error (one that has streamed tokens cannot be resumed elsewhere: it ends with one)."""
+    for d in sorted(self._live("decode"), key=lambda w: (len(w.inflight), w.name)):
+        if r.prefill is None and not self._post(d, dict(op="add", rid=r.rid, prompt=r.ids, params=params_dict(r.params))):
+            continue                                          # d died too: its own requests are handled by _lost(d)
+        r.decode = d; d.inflight.add(r.rid); self.rerouted += 1   # a remote prefill in flight: its KV goes to d
+        return True
+    return False
+
+@patch
+def queue_depths(self: DisaggRouter) -> dict:
+    "Requests in flight per role (the prefill queue is what the conditional rule reads)."
+    return {"prefill": sum(len(w.inflight) for w in self._live("prefill")),
+            "decode": sum(len(w.inflight) for w in self._live("decode"))}
+
+@patch
+def stats(self: DisaggRouter) -> dict:
+    """Chapter 15b's load figures from the decode workers' last reports (the prefix counters of a worker that died
+    stay counted), the requests in flight per role, and what the router moved and decided."""
+    pools = [w.pool for w in self._live("decode") if w.pool]
+    ever = [w.pool for w in self.workers if w.role == "decode" and w.pool]
+    started = sum(r.first_token is not None for r in self.requests.values())
+    q = self.queue_depths()
+    return dict(num_running=started, num_waiting=len(self.requests) - started,
+                free_blocks=sum(p["free"] for p in pools), num_blocks=sum(p["blocks"] for p in pools),
+                prefix_query_tokens=sum(p["query"] for p in ever), prefix_hit_tokens=sum(p["hits"] for p in ever),
+                num_in_flight_prefill=q["prefill"], num_in_flight_decode=q["decode"],
+                kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks, remote_prefills=self.remote_prefills,
+                local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted,
+                workers={w.name: w.alive for w in self.workers})

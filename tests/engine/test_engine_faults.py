@@ -54,12 +54,12 @@ def test_non_finite_logits_fail_alone(llm, solo, monkeypatch, temperature):
 
 def test_failure_in_one_requests_bookkeeping_fails_alone(llm, solo, monkeypatch):
     eng, free0 = llm.engine, llm.engine.block_manager.num_free_blocks
-    real = eng._append_token
+    real = eng.append_token
     def broken(seq, tok, logits):
         if seq.prompt_token_ids == eng.tokenizer.encode(PROMPTS[2]) and seq.num_output_tokens == 3:
             raise RuntimeError("detokenizer exploded")
         return real(seq, tok, logits)
-    monkeypatch.setattr(eng, "_append_token", broken)
+    monkeypatch.setattr(eng, "append_token", broken)
     outs = llm.generate(PROMPTS, G)
     assert outs[2].finish_reason == "error" and "exploded" in str(outs[2].error) and len(outs[2].token_ids) == 3
     assert [o.token_ids for o in outs[:2]] == solo[:2]

@@ -8,7 +8,7 @@ from inferlab.model.model import load_model
 from inferlab.testing import random_model
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
-from inferlab.llm import engine_for
+from inferlab.llm import build_engine
 from inferlab.engine.model_runner import NumpyDecoder, AttentionContext, prepare_batch
 
 def decode_step_both_ways(eng):
@@ -72,7 +72,7 @@ def test_greedy_tokens_equal_with_and_without_numpy_path():
 @pytest.mark.parametrize("kw, reason", [(dict(kv_cache_dtype="fp8"), "quantized"),
                                         (dict(quantization="w8a16"), "not packed K-major")])
 def test_refuses_what_it_cannot_run(kw, reason):
-    eng = engine_for(load_model(dtype=torch.float32), None, **kw)
+    eng = build_engine(load_model(dtype=torch.float32), None, **kw)
     assert eng.runner.numpy_decoder is None
     assert reason in NumpyDecoder.unsupported(eng.runner.model, eng.runner.kv_cache)
     with pytest.raises(ValueError, match="NumpyDecoder"): NumpyDecoder(eng.runner.model, eng.runner.kv_cache)

@@ -51,7 +51,7 @@ def test_torchrun_two_nodes_one_process_each(spawned, tmp_path, no_stray_process
 
 def test_killed_worker_is_an_error_within_30s(no_stray_processes):
     llm = LLM("tiny-dense", dtype="float32", tensor_parallel_size=2)
-    worker = llm.engine.workers[0]
+    worker = llm.engine.runner.workers[0]
     threading.Timer(1.5, os.kill, (worker.pid, signal.SIGKILL)).start()
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
@@ -92,7 +92,7 @@ def test_a_dropped_parallel_llm_gives_back_its_workers_and_group(no_stray_proces
     import torch.distributed as dist
     from inferlab.parallel.engine import backend_threads
     first = LLM("tiny-dense", dtype="float32", tensor_parallel_size=2)
-    workers = list(first.engine.workers)
+    workers = list(first.engine.runner.workers)
     want = first.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0))[0].token_ids
     del first; gc.collect()
     assert not any(p.is_alive() for p in workers) and not dist.is_initialized() and backend_threads() == []
@@ -104,7 +104,7 @@ def test_exit_with_a_live_parallel_llm_is_clean(tmp_path, no_stray_processes):
     run = _script(tmp_path, "import os\nfrom inferlab.llm import LLM\nif __name__ == '__main__':\n"
                             "    llm = LLM('tiny-dense', dtype='float32', tensor_parallel_size=2)\n"
                             "    llm.generate('def f(', {'max_tokens': 4})\n"
-                            "    print(*[p.pid for p in llm.engine.workers])\n")     # exits with the LLM alive
+                            "    print(*[p.pid for p in llm.engine.runner.workers])\n")     # exits with the LLM alive
     assert run.returncode == 0, run.stderr[-2000:]
     assert "terminate called" not in run.stderr
     for pid in map(int, run.stdout.split()):

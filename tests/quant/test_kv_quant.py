@@ -8,7 +8,7 @@ from inferlab.model.model import load_model
 from inferlab.model.tokenizer import load_tokenizer
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
-from inferlab.llm import engine_for
+from inferlab.llm import build_engine
 
 @pytest.fixture(scope="module")
 def model(): return load_model(dtype=torch.float32)
@@ -29,7 +29,7 @@ def run_engine(eng, prompts, max_tokens=16):
     while eng.has_unfinished(): eng.step()
     return [s.output_token_ids for s in seqs], eng
 
-def run(model, prompts, **cfg): return run_engine(engine_for(model, None, **cfg), prompts)
+def run(model, prompts, **cfg): return run_engine(build_engine(model, None, **cfg), prompts)
 
 @pytest.mark.parametrize("kv", ["fp8", "int8"])
 def test_kv_cache_quantized(model, prompts, kv):
@@ -110,7 +110,7 @@ def test_fp8_block_gain_over_bfloat16(model):
 
 def test_bad_quantization_settings():
     with pytest.raises(ValueError, match="kv_cache_dtype"): EngineConfig(kv_cache_dtype="fp4")
-    with pytest.raises(ValueError, match="quantization"): engine_for(None, quantization="int3")
+    with pytest.raises(ValueError, match="quantization"): build_engine(None, quantization="int3")
 
 @pytest.mark.parametrize("q", ["w8a16", "w4a16", "fp8", "nvfp4"])
 def test_engine_with_quantized_weights(model, prompts, q):

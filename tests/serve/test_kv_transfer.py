@@ -1,8 +1,8 @@
 "KV transfer: adopt continues a prefill exactly; a payload that does not fit is refused with the engine untouched."
 import pytest, torch
-from inferlab.engine.llm_engine import LLMEngine
+from inferlab.llm import build_engine
 from inferlab.model.sampling import SamplingParams
-from inferlab.serve.kv_transfer import PrefillEngine, prefill, adopt, KVPayload
+from inferlab.serve.kv_transfer import prefill_engine, prefill, adopt, KVPayload
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 
@@ -15,7 +15,7 @@ def run(engine):
 
 @pytest.fixture(scope="module")
 def engines():
-    return PrefillEngine.from_pretrained("tiny-dense", dtype="float32"), LLMEngine.from_pretrained("tiny-dense", dtype="float32")
+    return prefill_engine("tiny-dense", dtype="float32"), build_engine("tiny-dense", dtype="float32")
 
 def test_adopt_equals_one_engine_and_counts_the_prefix_cache(engines):
     pe, de = engines
@@ -32,7 +32,7 @@ def test_adopt_equals_one_engine_and_counts_the_prefix_cache(engines):
     assert de.block_manager.num_free_blocks == de.block_manager.num_blocks and not de.requests
 
 def run_ref(ps):
-    e = LLMEngine.from_pretrained("tiny-dense", dtype="float32", enable_prefix_caching=False)
+    e = build_engine("tiny-dense", dtype="float32", enable_prefix_caching=False)
     rids = [e.add_request(p, GREEDY) for p in ps]
     done = run(e)
     return [done[r] for r in rids]

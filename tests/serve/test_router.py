@@ -16,7 +16,7 @@ def test_a_dead_decode_worker_reroutes_what_it_had_not_started_and_an_idle_death
     ps = [torch.randint(1, 4096, (int(torch.randint(4, 160, (1,), generator=g)),), generator=g).tolist() for _ in range(16)]
     greedy = SamplingParams(max_tokens=8, temperature=0)
     want = [o.token_ids for o in LLM("tiny-dense", dtype="float32").generate(ps, greedy)]
-    router = DisaggRouter("tiny-dense", 1, 2, dtype="float32", max_local_prefill_length=64, max_prefill_queue=100)
+    router = DisaggRouter("tiny-dense", 1, 2, worker_args=["--dtype", "float32"], max_local_prefill_length=64, max_prefill_queue=100)
     try:
         rids = [router.add_request(p, greedy) for p in ps]
         d0, d1 = (next(w for w in router.workers if w.name == f"inferlab-decode-{i}") for i in (0, 1))

@@ -7,7 +7,7 @@ import torch
 from inferlab.model.config import ModelConfig
 from inferlab.model.sampling import SamplingParams, chi2_quantile, probs_from_logits
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
-from inferlab.spec_decode.spec_engine import SpeculativeEngine
+from inferlab.spec_decode.spec_decoder import SpecDecoder, SpeculativeConfig
 from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, TokenDatastore
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
 from inferlab.testing import random_model
@@ -101,11 +101,13 @@ def plain(target, prompt, exact):
     for name in SETTINGS: assert worst(out[name], exact[name])[0] < 1, f"the plain engine itself is off ({name})"
     return out
 
-def spec_engine(method, target, engine_cls=SpeculativeEngine):
+def spec_engine(method, target, decoder_cls=SpecDecoder):
     # max_tokens = 4: token 1 comes from the prefill, tokens 2-3 (and a bonus 4th) from verifying 2 drafts
     spec = {"method": method, "num_speculative_tokens": 2}
     if method == "ngram": spec.update(prompt_lookup_min=1, prompt_lookup_max=3)
-    return engine_cls(target, None, ENGINE, spec, proposer=proposer(method, target))
+    eng = LLMEngine(target, None, ENGINE)
+    eng.speculator = decoder_cls(SpeculativeConfig.from_dict(spec), proposer(method, target))
+    return eng
 
 def worst(counts, exact, test=goodness_of_fit):
     "The largest statistic / limit over positions, with the per-position (statistic, dof, limit)."
@@ -131,7 +133,7 @@ def test_same_distribution(method, setting, target, exact, plain):
     assert ratio < 1, f"{method} {setting}: the speculative distribution differs from the target's"
     eng.check_idle()
 
-class AcceptEverything(SpeculativeEngine):
+class AcceptEverything(SpecDecoder):
     "The negative control: a verifier that trusts the draft (emits every draft, then a target sample)."
     def _verify(self, logits, groups):
         from inferlab.model.sampling import sample

@@ -9,8 +9,12 @@ from inferlab.model.tokenizer import load_tokenizer
 from inferlab.model.train import read_corpus
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
-from inferlab.spec_decode.spec_engine import SpeculativeEngine, SpeculativeConfig
+from inferlab.spec_decode.spec_decoder import SpeculativeConfig, add_speculation, fit_to_path
 from inferlab.testing import random_model
+
+def spec_engine(model, tokenizer, config=None, speculative_config=None, source=None):
+    "An engine over `model` with the `SpecDecoder` that `speculative_config` asks for (chapter 34)."
+    return add_speculation(LLMEngine(model, tokenizer, config), speculative_config, source)
 
 TINY = shipped_model_path("tiny-dense")
 METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
@@ -52,7 +56,7 @@ def plain(target, tok, prompts):
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("method", list(METHODS))
 def test_greedy_identical(method, config, target, tok, prompts, plain):
-    eng = SpeculativeEngine(target, tok, EngineConfig(**CONFIGS[config]), METHODS[method], source=TINY)
+    eng = spec_engine(target, tok, EngineConfig(**CONFIGS[config]), METHODS[method], source=TINY)
     got = run(eng, prompts)
     same = sum(a == b for a, b in zip(got, plain[config]))
     s = eng.stats()
@@ -65,7 +69,7 @@ def test_greedy_identical(method, config, target, tok, prompts, plain):
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_no_leaks_with_aborts_and_preemption(method, target, tok, prompts):
-    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=8, num_kv_blocks=28), METHODS[method], source=TINY)
+    eng = spec_engine(target, tok, EngineConfig(max_num_seqs=8, num_kv_blocks=28), METHODS[method], source=TINY)
     sp, gp = SamplingParams(temperature=0.9, seed=1, max_tokens=80), SamplingParams(temperature=0, max_tokens=80)
     for i, p in enumerate(prompts[:16]): eng.add_request(p[:20], sp if i % 2 else gp, request_id=str(i))  # they grow
     for _ in range(6): eng.step()
@@ -77,7 +81,7 @@ def test_no_leaks_with_aborts_and_preemption(method, target, tok, prompts):
 def test_stats_fields(target, tok, prompts):
     # one request at a time: every verification drafts k (with four running, drafts are cut to fit the CPU decode
     # path, and per-position rates over verifications of different lengths need not fall along the draft)
-    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=1), METHODS["ngram"])
+    eng = spec_engine(target, tok, EngineConfig(max_num_seqs=1), METHODS["ngram"])
     run(eng, prompts[:8])
     s = eng.stats()
     assert s["num_accepted_tokens"] <= s["num_draft_tokens"] and len(s["acceptance_rate_per_position"]) == 4
@@ -90,17 +94,17 @@ def test_max_tokens_and_stop_respected(target, tok, prompts):
     p = prompts[1]
     ref = run(LLMEngine(target, tok), [p], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0]
     for k in (1, 4, 8):
-        eng = SpeculativeEngine(target, tok, None, {"method": "ngram", "num_speculative_tokens": k})
+        eng = spec_engine(target, tok, None, {"method": "ngram", "num_speculative_tokens": k})
         assert run(eng, [p], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0] == ref
     stop = ref[3]
     want = run(LLMEngine(target, tok), [p], SamplingParams(temperature=0, max_tokens=7, stop_token_ids=[stop]))[0]
-    eng = SpeculativeEngine(target, tok, None, {"method": "ngram", "num_speculative_tokens": 6})
+    eng = spec_engine(target, tok, None, {"method": "ngram", "num_speculative_tokens": 6})
     assert run(eng, [p], SamplingParams(temperature=0, max_tokens=7, stop_token_ids=[stop]))[0] == want
 
 def test_disable_by_batch_size(target, tok, prompts):
     "No drafts while more than N requests run; drafts again once the batch has drained below it."
     def drafts(spec):
-        eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=16), spec)
+        eng = spec_engine(target, tok, EngineConfig(max_num_seqs=16), spec)
         for i, p in enumerate(prompts[:16]):       # staggered lengths: the batch drains one by one
             eng.add_request(p, SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True))
         while eng.has_unfinished(): eng.step()
@@ -112,20 +116,20 @@ def test_disable_by_batch_size(target, tok, prompts):
 @pytest.mark.parametrize("bad, field", [({"method": "beam"}, "method"), ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
                                         ({"method": "ngram", "bogus": 1}, "bogus"), ({"method": "eagle"}, "method")])
 def test_bad_config(bad, field, target, tok):
-    with pytest.raises(ValueError, match=field): SpeculativeEngine(target, tok, None, bad)
+    with pytest.raises(ValueError, match=field): spec_engine(target, tok, None, bad)
 
 def test_rest_datastore_errors(target, tok, tmp_path):
     with pytest.raises(ValueError, match="datastore: only the 'rest' method"):
-        SpeculativeEngine(target, tok, None, {"method": "ngram", "datastore": "x.txt"})
+        spec_engine(target, tok, None, {"method": "ngram", "datastore": "x.txt"})
     with pytest.raises(ValueError, match="datastore: .*nowhere.txt is not a file"):
-        SpeculativeEngine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "nowhere.txt")})
+        spec_engine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "nowhere.txt")})
     with pytest.raises(ValueError, match=r"datastore: give speculative_config\['datastore'\]"):
-        SpeculativeEngine(target, tok, None, {"method": "rest"}, source=tmp_path)       # not a shipped model: no default
+        spec_engine(target, tok, None, {"method": "rest"}, source=tmp_path)       # not a shipped model: no default
     (tmp_path / "one.txt").write_text("x")
     with pytest.raises(ValueError, match="datastore: needs at least 2 tokens"):
-        SpeculativeEngine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "one.txt")})
+        spec_engine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "one.txt")})
     (tmp_path / "code.txt").write_text("def add(a, b):\n    return a + b\n\n" * 50)   # a datastore of its own
-    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=1), {"method": "rest", "datastore": str(tmp_path / "code.txt")})
+    eng = spec_engine(target, tok, EngineConfig(max_num_seqs=1), {"method": "rest", "datastore": str(tmp_path / "code.txt")})
     assert eng.proposer.method == "rest" and len(eng.proposer.store.tokens) > 100
 
 def test_draft_with_other_vocabulary(target, tok, tmp_path):
@@ -134,15 +138,15 @@ def test_draft_with_other_vocabulary(target, tok, tmp_path):
                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32), 0)
     save_model(other, tmp_path / "draft")
     with pytest.raises(ValueError, match="model: the draft's vocab_size 1000 differs"):
-        SpeculativeEngine(target, tok, None, {"method": "draft_model", "model": str(tmp_path / "draft")})
+        spec_engine(target, tok, None, {"method": "draft_model", "model": str(tmp_path / "draft")})
 
 def test_heads_for_another_model(tok, tmp_path):
     "The shipped heads were trained on tiny-dense: another model of the same shape is refused."
     other = random_model(load_model(TINY, dtype=torch.float32).config, 1)
     with pytest.raises(ValueError, match="base_fingerprint"):
-        SpeculativeEngine(other, tok, None, {"method": "medusa"}, source=TINY)
+        spec_engine(other, tok, None, {"method": "medusa"}, source=TINY)
     with pytest.raises(ValueError, match="model: no Medusa heads"):
-        SpeculativeEngine(other, tok, None, {"method": "medusa"}, source=tmp_path)
+        spec_engine(other, tok, None, {"method": "medusa"}, source=tmp_path)
 
 def test_llm_facade_and_cli(capsys):
     from inferlab.llm import LLM
@@ -158,10 +162,9 @@ def test_llm_facade_and_cli(capsys):
 
 def test_drafts_fit_the_cpu_decode_path(target, tok, prompts):
     "With a few requests running, drafts are cut so that a verification stays on the runner's NumPy decode path."
-    from inferlab.spec_decode.spec_engine import _fit_to_path
-    assert _fit_to_path([5, 5, 5, 5], 4, 8) == [1, 1, 1, 1] and _fit_to_path([5, 3], 2, 8) == [3, 3]
-    assert _fit_to_path([5] * 9, 9, 8) == [5] * 9 and _fit_to_path([5, 5], 2, None) == [5, 5]   # past the path / no path
-    eng = SpeculativeEngine(target, tok, EngineConfig(max_num_seqs=4), METHODS["ngram"])
+    assert fit_to_path([5, 5, 5, 5], 4, 8) == [1, 1, 1, 1] and fit_to_path([5, 3], 2, 8) == [3, 3]
+    assert fit_to_path([5] * 9, 9, 8) == [5] * 9 and fit_to_path([5, 5], 2, None) == [5, 5]   # past the path / no path
+    eng = spec_engine(target, tok, EngineConfig(max_num_seqs=4), METHODS["ngram"])
     assert eng.runner.decode_path_tokens == 8
     sizes, execute = [], eng.runner.execute
     def spy(batch, **kw):
