@@ -8,7 +8,7 @@ Docs: https://inferlab.github.io/inferlab/autoscale.html.md"""
 from __future__ import annotations
 import math
 from collections import deque
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass
 import numpy as np
 
 # %% auto #0
@@ -61,20 +61,24 @@ class TrafficBased:
     name = "traffic"
 
     def __post_init__(self):
-        if self.min_replicas < 0: raise ValueError(f"min_replicas: must be >= 0, got {self.min_replicas}")
-        if self.max_replicas < max(1, self.min_replicas): raise ValueError(f"max_replicas: must be >= max(1, min_replicas), got {self.max_replicas}")
-        if not 10 <= self.window <= 3600: raise ValueError(f"window: must be in [10, 3600] s, got {self.window}")
-        if not 0 <= self.scale_down_delay <= 3600: raise ValueError(f"scale_down_delay: must be in [0, 3600] s, got {self.scale_down_delay}")
-        if self.concurrency_target < 1: raise ValueError(f"concurrency_target: must be >= 1, got {self.concurrency_target}")
-        if not 0 < self.target_utilization <= 1: raise ValueError(f"target_utilization: must be in (0, 1], got {self.target_utilization}")
+        lo, hi, w, d = self.min_replicas, self.max_replicas, self.window, self.scale_down_delay
+        if lo < 0: raise ValueError(f"min_replicas: must be >= 0, got {lo}")
+        if hi < max(1, lo): raise ValueError(f"max_replicas: must be >= max(1, min_replicas), got {hi}")
+        if not 10 <= w <= 3600: raise ValueError(f"window: must be in [10, 3600] s, got {w}")
+        if not 0 <= d <= 3600: raise ValueError(f"scale_down_delay: must be in [0, 3600] s, got {d}")
+        if self.concurrency_target < 1:
+            raise ValueError(f"concurrency_target: must be >= 1, got {self.concurrency_target}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"target_utilization: must be in (0, 1], got {self.target_utilization}")
 
     def decide(self, state: dict, window: MetricWindow, now: float) -> tuple[int, dict]:
         s, cur = dict(state), state["current"]
         avg = window.mean(now, self.window)
         if math.isnan(avg): return cur, s                                   # no data: hold
-        want = _clamp(_ceil(avg / (self.concurrency_target * self.target_utilization)), self.min_replicas, self.max_replicas)
+        per_replica = self.concurrency_target * self.target_utilization
+        want = _clamp(_ceil(avg / per_replica), self.min_replicas, self.max_replicas)
         if want >= cur:
-            s["down_since"] = None                                          # traffic is back: cancel the pending scale-down
+            s["down_since"] = None                      # traffic is back: cancel the pending scale-down
             return want, s
         if s.get("down_since") is None: s["down_since"] = now
         if now - s["down_since"] >= self.scale_down_delay:
@@ -101,16 +105,19 @@ class KPA:
     name = "kpa"
 
     def __post_init__(self):
-        if self.target <= 0: raise ValueError(f"target: must be > 0, got {self.target}")
-        if not 0 < self.target_utilization <= 1: raise ValueError(f"target_utilization: must be in (0, 1], got {self.target_utilization}")
-        if not 6 <= self.stable_window <= 3600: raise ValueError(f"stable_window: must be in [6, 3600] s, got {self.stable_window}")
-        if not 1 <= self.panic_window_percentage <= 100: raise ValueError(f"panic_window_percentage: must be in [1, 100], got {self.panic_window_percentage}")
-        if self.panic_threshold_percentage <= 100: raise ValueError(f"panic_threshold_percentage: must be > 100, got {self.panic_threshold_percentage}")
-        if self.max_scale_up_rate <= 1: raise ValueError(f"max_scale_up_rate: must be > 1, got {self.max_scale_up_rate}")
-        if self.max_scale_down_rate <= 1: raise ValueError(f"max_scale_down_rate: must be > 1, got {self.max_scale_down_rate}")
+        rules = [(self.target > 0, "target", "> 0"),
+                 (0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]"),
+                 (6 <= self.stable_window <= 3600, "stable_window", "in [6, 3600] s"),
+                 (1 <= self.panic_window_percentage <= 100, "panic_window_percentage", "in [1, 100]"),
+                 (self.panic_threshold_percentage > 100, "panic_threshold_percentage", "> 100"),
+                 (self.max_scale_up_rate > 1, "max_scale_up_rate", "> 1"),
+                 (self.max_scale_down_rate > 1, "max_scale_down_rate", "> 1"),
+                 (self.scale_down_delay >= 0, "scale_down_delay", ">= 0")]
+        for ok, field, rule in rules:
+            if not ok: raise ValueError(f"{field}: must be {rule}, got {getattr(self, field)}")
         if self.min_scale < 0 or self.max_scale < 0: raise ValueError("min_scale: min_scale and max_scale must be >= 0")
-        if self.max_scale and self.max_scale < self.min_scale: raise ValueError(f"max_scale: {self.max_scale} < min_scale {self.min_scale}")
-        if self.scale_down_delay < 0: raise ValueError(f"scale_down_delay: must be >= 0, got {self.scale_down_delay}")
+        if self.max_scale and self.max_scale < self.min_scale:
+            raise ValueError(f"max_scale: {self.max_scale} < min_scale {self.min_scale}")
 
     @property
     def panic_window(self) -> float: return self.stable_window * self.panic_window_percentage / 100
@@ -136,11 +143,10 @@ class KPA:
             if desired > s.get("max_panic_pods", 0): s["max_panic_pods"] = desired
             else: desired = s["max_panic_pods"]                       # never scale down while panicking
         if self.scale_down_delay > 0:                                 # max over the last scale_down_delay seconds
-            hist = [(t, d) for t, d in s.get("delay_history", ()) if t > now - self.scale_down_delay] + [(now, desired)]
-            s["delay_history"] = tuple(hist); desired = max(d for _, d in hist)
+            hist = [(t, d) for t, d in s.get("delay_history", ()) if t > now - self.scale_down_delay]
+            s["delay_history"] = tuple(hist + [(now, desired)]); desired = max(d for _, d in s["delay_history"])
         s["excess_burst_capacity"] = math.floor(ready * self.target - self.target_burst_capacity - panic_avg)
-        hi = self.max_scale or 10**9
-        return _clamp(desired, self.min_scale, hi), s
+        return _clamp(desired, self.min_scale, self.max_scale or 10**9), s
 
 # %% ../../nbs/63_autoscale.ipynb #6a4c67e8
 @dataclass(frozen=True)
@@ -153,16 +159,19 @@ class HPA:
     tolerance: float = 0.1
     sync_period: float = 15.0
     downscale_stabilization: float = 300.0
-    scale_up_pods: int = 4
+    scale_up_pods: int = 4                 # the default scale-up policies: +4 pods or +100% per 15 s, the larger
     scale_up_percent: float = 100.0
-    scale_up_period: float = 60.0
+    scale_up_period: float = 15.0
     name = "hpa"
 
     def __post_init__(self):
-        if not 0 < self.target_utilization <= 1: raise ValueError(f"target_utilization: must be in (0, 1], got {self.target_utilization}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"target_utilization: must be in (0, 1], got {self.target_utilization}")
         if self.capacity <= 0: raise ValueError(f"capacity: must be > 0, got {self.capacity}")
-        if self.min_replicas < 1: raise ValueError(f"min_replicas: the HPA cannot scale to zero, got {self.min_replicas}")
-        if self.max_replicas < self.min_replicas: raise ValueError(f"max_replicas: must be >= min_replicas, got {self.max_replicas}")
+        if self.min_replicas < 1:
+            raise ValueError(f"min_replicas: the HPA cannot scale to zero, got {self.min_replicas}")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas: must be >= min_replicas, got {self.max_replicas}")
         if not 0 <= self.tolerance < 1: raise ValueError(f"tolerance: must be in [0, 1), got {self.tolerance}")
         if self.sync_period <= 0: raise ValueError(f"sync_period: must be > 0, got {self.sync_period}")
 
@@ -186,7 +195,7 @@ class HPA:
         if desired < rec: desired = rec                            # min over a 0-s up window is rec itself
         down = max(r for _, r in hist)
         if desired > down: desired = down
-        # scale-up rate limit: relative to the count at the start of the period
+        # scale-up rate limit: relative to the count at the start of the period (scale-ups within the last period)
         ups = tuple((t, d) for t, d in s.get("ups", ()) if t > now - self.scale_up_period)
         base = cur - sum(d for _, d in ups)
         limit = max(base + self.scale_up_pods, math.ceil(base * (1 + self.scale_up_percent / 100)))
@@ -215,17 +224,22 @@ class RayServe:
 
     def __post_init__(self):
         if self.min_replicas < 0: raise ValueError(f"min_replicas: must be >= 0, got {self.min_replicas}")
-        if self.max_replicas < max(1, self.min_replicas): raise ValueError(f"max_replicas: must be >= max(1, min_replicas), got {self.max_replicas}")
-        if self.target_ongoing_requests <= 0: raise ValueError(f"target_ongoing_requests: must be > 0, got {self.target_ongoing_requests}")
+        if self.max_replicas < max(1, self.min_replicas):
+            raise ValueError(f"max_replicas: must be >= max(1, min_replicas), got {self.max_replicas}")
+        if self.target_ongoing_requests <= 0:
+            raise ValueError(f"target_ongoing_requests: must be > 0, got {self.target_ongoing_requests}")
         for k in ("upscale_delay_s", "downscale_delay_s", "look_back_period_s"):
             if getattr(self, k) < 0: raise ValueError(f"{k}: must be >= 0, got {getattr(self, k)}")
         if self.interval <= 0: raise ValueError(f"interval: must be > 0, got {self.interval}")
 
     def desired_replicas(self, total: float, cur: int) -> int:
         "`_calculate_desired_num_replicas`: the smoothed proportional answer, clamped."
-        if cur == 0: return _clamp(_ceil(1 * (self.upscaling_factor or self.smoothing_factor)), max(1, self.min_replicas), self.max_replicas) if total > 0 else self.min_replicas
+        up = self.upscaling_factor or self.smoothing_factor
+        if cur == 0:
+            if total <= 0: return self.min_replicas
+            return _clamp(_ceil(1 * up), max(1, self.min_replicas), self.max_replicas)
         ratio = total / (self.target_ongoing_requests * cur)
-        f = (self.upscaling_factor or self.smoothing_factor) if ratio >= 1 else (self.downscaling_factor or self.smoothing_factor)
+        f = up if ratio >= 1 else (self.downscaling_factor or self.smoothing_factor)
         desired = _ceil(cur * (1 + (ratio - 1) * f))
         if _ceil(cur * ratio) < cur and desired == cur: desired -= 1          # stuck by smoothing: step down
         return _clamp(desired, self.min_replicas, self.max_replicas)
@@ -244,7 +258,8 @@ class RayServe:
             if counter > int(self.upscale_delay_s / self.interval + 1e-9): counter, new = 0, desired
         elif desired < cur:
             counter = min(counter, 0) - 1
-            if cur == 1: delay = self.downscale_delay_s if self.downscale_to_zero_delay_s is None else self.downscale_to_zero_delay_s
+            to_zero = self.downscale_to_zero_delay_s
+            if cur == 1: delay = self.downscale_delay_s if to_zero is None else to_zero
             else: delay, desired = self.downscale_delay_s, max(1, desired)
             if counter < -int(delay / self.interval + 1e-9): counter, new = 0, desired
         else: counter = 0
@@ -311,7 +326,8 @@ def knative_annotations(kpa: KPA) -> dict:
     if kpa.scale_down_delay: a["autoscaling.knative.dev/scale-down-delay"] = _secs(kpa.scale_down_delay)
     return a
 
-def kserve_inference_service(kpa: KPA, name: str = "llm", storage_uri: str = "hf://meta-llama/Meta-Llama-3-8B-Instruct") -> str:
+def kserve_inference_service(kpa: KPA, name: str = "llm",
+                             storage_uri: str = "hf://meta-llama/Meta-Llama-3-8B-Instruct") -> str:
     "A KServe `InferenceService` (serverless mode, KPA) carrying the setting, as YAML text."
     lines = ["apiVersion: serving.kserve.io/v1beta1", "kind: InferenceService", "metadata:", f"  name: {name}",
              "  annotations:"]

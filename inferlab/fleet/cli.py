@@ -31,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "at most 5,000,000 requests")
     t.add_argument("--duration", type=float, default=600.0, help="seconds of traffic, at most 30 days")
     t.add_argument("--cv", type=float, help="coefficient of variation of the gaps, in (0, 100] (1 = Poisson)")
-    t.add_argument("--diurnal", type=float, default=0.0, help="daily swing amplitude in [0, 1), one cycle over --duration")
-    t.add_argument("--spike", action="append", default=[], metavar="START:SECONDS:FACTOR", help="multiply the rate for a while")
+    t.add_argument("--diurnal", type=float, default=0.0,
+                   help="daily swing amplitude in [0, 1), one cycle over --duration")
+    t.add_argument("--spike", action="append", default=[], metavar="START:SECONDS:FACTOR",
+                   help="multiply the rate for a while")
     t.add_argument("--seed", type=int, default=0)
     r = p.add_argument_group("replica")
     r.add_argument("--gpu", default="H100", choices=sorted(GPUS))
@@ -53,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--slo-ttft", type=float, default=2.0)
     o.add_argument("--slo-tpot", type=float, default=0.2)
     o.add_argument("--queue-timeout", type=float, default=300.0)
-    o.add_argument("--export", choices=("knative", "kserve", "ray"), help="print the setting for a real cluster and exit")
+    o.add_argument("--export", choices=("knative", "kserve", "ray"),
+                   help="print the setting for a real cluster and exit")
     o.add_argument("--json", action="store_true", help="print the summary as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: on above 200,000 requests)")
@@ -65,8 +68,8 @@ def make_policy(a: argparse.Namespace):
     lo, hi, c, u = a.min_replicas, a.max_replicas, a.concurrency_target, a.target_utilization
     if a.policy == "fixed": return None
     if a.policy == "traffic": return TrafficBased(lo, hi, a.window, a.scale_down_delay, c, u)
-    if a.policy == "kpa": return KPA(target=c, target_utilization=u, stable_window=a.window, scale_down_delay=a.scale_down_delay,
-                                     min_scale=lo, max_scale=hi, tick=a.tick)
+    if a.policy == "kpa": return KPA(target=c, target_utilization=u, stable_window=a.window,
+                                     scale_down_delay=a.scale_down_delay, min_scale=lo, max_scale=hi, tick=a.tick)
     if a.policy == "hpa": return HPA(target_utilization=u, capacity=c, min_replicas=max(1, lo), max_replicas=hi)
     return RayServe(min_replicas=lo, max_replicas=hi, target_ongoing_requests=c * u, look_back_period_s=a.window,
                     downscale_delay_s=a.scale_down_delay, interval=a.tick)
@@ -76,6 +79,21 @@ def _spike(s: str) -> Spike:
     except ValueError: raise ValueError(f"spike: expected START:SECONDS:FACTOR, got {s!r}") from None
     return Spike(start, dur, factor)
 
+# %% ../../nbs/66_cli.ipynb #945d14f4
+def _export(a: argparse.Namespace, pol) -> None:
+    "Print the five knobs as Knative annotations, a KServe InferenceService or a Ray Serve autoscaling_config."
+    TrafficBased(a.min_replicas, a.max_replicas, a.window, a.scale_down_delay, a.concurrency_target,
+                 a.target_utilization)                                   # the five knobs, checked as such
+    kpa = KPA(target=a.concurrency_target, target_utilization=a.target_utilization, stable_window=a.window,
+              scale_down_delay=a.scale_down_delay, min_scale=a.min_replicas, max_scale=a.max_replicas)
+    if a.export == "knative": print("\n".join(f'{k}: "{v}"' for k, v in knative_annotations(kpa).items()))
+    elif a.export == "kserve": print(kserve_inference_service(kpa), end="")
+    else:
+        rs = pol if isinstance(pol, RayServe) else RayServe(
+            a.min_replicas, a.max_replicas, a.concurrency_target * a.target_utilization, a.window,
+            downscale_delay_s=a.scale_down_delay)
+        print(json.dumps(ray_serve_autoscaling_config(rs), indent=2))
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of `inferlab simulate`; returns the exit status."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -84,17 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_limits(a)
         pol = make_policy(a)
-        if a.export:
-            tb = TrafficBased(a.min_replicas, a.max_replicas, a.window, a.scale_down_delay, a.concurrency_target, a.target_utilization)
-            kpa = KPA(target=a.concurrency_target, target_utilization=a.target_utilization, stable_window=a.window,
-                      scale_down_delay=a.scale_down_delay, min_scale=a.min_replicas, max_scale=a.max_replicas)
-            if a.export == "knative": print("\n".join(f'{k}: "{v}"' for k, v in knative_annotations(kpa).items()))
-            elif a.export == "kserve": print(kserve_inference_service(kpa), end="")
-            else:
-                rs = pol if isinstance(pol, RayServe) else RayServe(a.min_replicas, a.max_replicas, a.concurrency_target * a.target_utilization,
-                                                                    a.window, downscale_delay_s=a.scale_down_delay)
-                print(json.dumps(ray_serve_autoscaling_config(rs), indent=2))
-            return 0
+        if a.export: _export(a, pol); return 0
         if a.trace: w = load_trace(a.trace, speedup=a.speedup)
         else:
             pats = ([Diurnal(a.diurnal, period=a.duration)] if a.diurnal else []) + [_spike(s) for s in a.spike]
@@ -109,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     slo = SLO(a.slo_ttft, a.slo_tpot)
     if a.json: print(json.dumps(r.summary(slo), indent=2)); return 0
     src = a.trace or f"{a.traffic} @ {w.rate:.2f} req/s"
-    print(f"{len(w):,} requests ({src}, {w.duration:.0f} s) on {spec.name}, policy {a.policy}; SLO TTFT {slo.ttft} s, TPOT {slo.tpot} s")
+    print(f"{len(w):,} requests ({src}, {w.duration:.0f} s) on {spec.name}, policy {a.policy}; "
+          f"SLO TTFT {slo.ttft} s, TPOT {slo.tpot} s")
     print(r.table(slo))
     return 0
 
@@ -129,7 +138,8 @@ def check_limits(a: argparse.Namespace) -> None:
     import math
     def finite(name, v, lo=None, lo_open=False):
         if v is None: return
-        if isinstance(v, float) and not math.isfinite(v): raise ValueError(f"--{name}: must be a finite number, got {v}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"--{name}: must be a finite number, got {v}")
         if lo is not None and (v <= lo if lo_open else v < lo):
             raise ValueError(f"--{name}: must be {'>' if lo_open else '>='} {lo}, got {v}")
     for name, lo, op in [("rate", 0, True), ("duration", 0, True), ("cv", 0, True), ("speedup", 0, True),
@@ -138,11 +148,13 @@ def check_limits(a: argparse.Namespace) -> None:
                          ("slo-tpot", 0, True), ("queue-timeout", 0, True), ("diurnal", 0, False)]:
         finite(name, getattr(a, name.replace("-", "_")), lo, op)
     if a.cv is not None and a.cv > 100: raise ValueError(f"--cv: must be <= 100, got {a.cv}")
-    if a.duration > MAX_DURATION: raise ValueError(f"--duration: at most {MAX_DURATION:.0f} s (30 days), got {a.duration:g}")
+    if a.duration > MAX_DURATION:
+        raise ValueError(f"--duration: at most {MAX_DURATION:.0f} s (30 days), got {a.duration:g}")
     if a.trace is None:
         rate = a.rate if a.rate is not None else PRESETS[a.traffic].rate
         if rate * a.duration > MAX_REQUESTS:
             raise ValueError(f"--rate x --duration: {rate:g} req/s for {a.duration:g} s is {rate * a.duration:,.0f} "
                              f"requests; at most {MAX_REQUESTS:,} per run")
     if a.duration / a.tick > MAX_TICKS:
-        raise ValueError(f"--tick: {a.tick:g} s over {a.duration:g} s is {a.duration / a.tick:,.0f} ticks; at most {MAX_TICKS:,}")
+        raise ValueError(f"--tick: {a.tick:g} s over {a.duration:g} s is {a.duration / a.tick:,.0f} ticks; "
+                         f"at most {MAX_TICKS:,}")

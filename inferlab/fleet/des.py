@@ -1,4 +1,4 @@
-"""A 40-line event loop, seeded and deterministic, checked against Erlang C (M/M/c), the M/D/1 formula and Little's law before it is trusted with a fleet.
+"""A heap-based event loop, seeded and deterministic, checked against Erlang C (M/M/c), the M/D/1 formula and Little's law before it is trusted with a fleet.
 
 Docs: https://inferlab.github.io/inferlab/des.html.md"""
 

@@ -7,13 +7,12 @@ Docs: https://inferlab.github.io/inferlab/multicloud.html.md"""
 # %% ../../nbs/65_multicloud.ipynb #46f7c76c
 from __future__ import annotations
 import math
-from dataclasses import dataclass, replace
-import numpy as np
-from .traffic import Workload, make_workload, merge_workloads, Diurnal, Spike
-from .replica import ReplicaSpec, replica_from_roofline
+from dataclasses import replace
+from .traffic import Workload, make_workload, merge_workloads, Diurnal
+from .replica import ReplicaSpec
 from .autoscale import TrafficBased
-from .sim import Cluster, Pool, Outage, FleetSimulator
-from .results import SLO, FleetResult
+from .sim import Cluster, Pool, FleetSimulator
+from .results import SLO
 
 # %% auto #0
 __all__ = ['USER_REGIONS', 'default_clusters', 'regional_workload', 'siloed', 'unified', 'compare']
@@ -24,9 +23,12 @@ USER_REGIONS = ("americas", "europe", "asia")
 def default_clusters(capacity: int = 6, neocloud_capacity: int = 4) -> list[Cluster]:
     "Four clusters: one per user region in a hyperscaler, and a cheaper US neocloud."
     return [
-        Cluster("aws/us-east-1", "aws", "us-east-1", capacity, price_per_hour=3.00, latency_ms={0: 10, 1: 80, 2: 180}),
-        Cluster("gcp/europe-west4", "gcp", "europe-west4", capacity, price_per_hour=3.20, latency_ms={0: 85, 1: 10, 2: 200}),
-        Cluster("azure/japaneast", "azure", "japaneast", capacity, price_per_hour=3.40, latency_ms={0: 150, 1: 210, 2: 10}),
+        Cluster("aws/us-east-1", "aws", "us-east-1", capacity, price_per_hour=3.00,
+                latency_ms={0: 10, 1: 80, 2: 180}),
+        Cluster("gcp/europe-west4", "gcp", "europe-west4", capacity, price_per_hour=3.20,
+                latency_ms={0: 85, 1: 10, 2: 200}),
+        Cluster("azure/japaneast", "azure", "japaneast", capacity, price_per_hour=3.40,
+                latency_ms={0: 150, 1: 210, 2: 10}),
         Cluster("coreweave/us-central", "coreweave", "us-central", neocloud_capacity, price_per_hour=2.40,
                 latency_ms={0: 30, 1: 100, 2: 160}),
     ]
@@ -45,7 +47,8 @@ def siloed(clusters: list[Cluster], policy: TrafficBased, initial: int = 4) -> l
     pools = []
     for u in range(len(USER_REGIONS)):
         c = min(clusters, key=lambda c: c.latency_ms.get(u, math.inf))
-        pools.append(Pool(f"silo-{USER_REGIONS[u]}", (c.name,), replace(policy, max_replicas=max(1, c.capacity)), initial, (u,)))
+        pools.append(Pool(f"silo-{USER_REGIONS[u]}", (c.name,), replace(policy, max_replicas=max(1, c.capacity)),
+                          initial, (u,)))
     return pools
 
 def unified(clusters: list[Cluster], policy: TrafficBased, initial: int = 12) -> list[Pool]:
@@ -59,7 +62,8 @@ def compare(w: Workload, replica: ReplicaSpec, policy: TrafficBased, clusters: l
     clusters = clusters or default_clusters()
     out = {}
     for name, pools in (("silos", siloed(clusters, policy)), ("unified pool", unified(clusters, policy))):
-        r = FleetSimulator(w, replica, pools=pools, clusters=clusters, outages=outages, queue_timeout=queue_timeout).run()
+        r = FleetSimulator(w, replica, pools=pools, clusters=clusters, outages=outages,
+                           queue_timeout=queue_timeout).run()
         if r.arrivals != r.completed + r.rejected + r.in_flight:         # conservation, checked on every run
             raise RuntimeError(f"compare: {name} lost requests")
         out[name] = (r.summary(slo), r)

@@ -10,7 +10,7 @@ import csv, heapq, math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
-from ..model.hardware import GPUSpec, GPUS, gpu_spec
+from ..model.hardware import GPUSpec, gpu_spec
 
 # %% auto #0
 __all__ = ['MODELS', 'StepTimeModel', 'ModelSpec', 'ReplicaSpec', 'replica_from_roofline', 'replica_throughput', 'fit_step_time',
@@ -57,7 +57,8 @@ class ModelSpec:
     @property
     def active_b(self) -> float: return self.active_params_b or self.params_b
     @property
-    def kv_bytes_per_token(self) -> float: return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes_per_elem
+    def kv_bytes_per_token(self) -> float:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes_per_elem
 
     @classmethod
     def from_config(cls, cfg, name: str = "model") -> "ModelSpec":
@@ -90,7 +91,8 @@ class ReplicaSpec:
     def __post_init__(self):
         for k in ("kv_capacity_tokens", "max_num_seqs", "max_batched_tokens", "gpus"):
             v = getattr(self, k)
-            if not isinstance(v, (int, np.integer)) or v < 1: raise ValueError(f"{k}: must be a positive integer, got {v!r}")
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{k}: must be a positive integer, got {v!r}")
         for k in ("price_per_gpu_hour", "provision_s", "image_pull_s", "weight_load_s"):
             if getattr(self, k) < 0: raise ValueError(f"{k}: must be >= 0, got {getattr(self, k)}")
 
@@ -120,7 +122,8 @@ def replica_from_roofline(gpu: str | GPUSpec = "H100", model: str | ModelSpec = 
         decode_a=overhead_s + weights_read, decode_b=model.kv_bytes_per_token / bw,
         decode_c=2 * model.active_b * 1e9 / flops)
     free = memory_utilization * tp * gpu.memory_gb * 1e9 - model.weight_bytes
-    if free <= 0: raise ValueError(f"tp: {model.name} ({model.weight_bytes/1e9:.0f} GB) does not fit on {tp} x {gpu.name}")
+    if free <= 0:
+        raise ValueError(f"tp: {model.name} ({model.weight_bytes/1e9:.0f} GB) does not fit on {tp} x {gpu.name}")
     return ReplicaSpec(f"{model.name} on {tp}x{gpu.name}", step, int(free / model.kv_bytes_per_token), max_num_seqs,
                        max_batched_tokens, tp, gpu.price_per_hour, provision_s, image_gb / pull_gb_s,
                        model.weight_bytes / 1e9 / tp / load_gb_s)
@@ -180,7 +183,8 @@ class ReplicaState:
     __slots__ = ("spec", "prompt", "output", "service", "n", "kv", "waiting", "prefilling", "batch", "dec",
                  "counter", "counter_t", "rate", "sum_start", "sum_prompt", "version", "busy", "busy_since")
 
-    def __init__(self, spec: ReplicaSpec, prompt: list, output: list, service: list | None = None, now: float = 0.0):
+    def __init__(self, spec: ReplicaSpec, prompt: list, output: list, service: list | None = None,
+                 now: float = 0.0):
         self.spec, self.prompt, self.output, self.service = spec, prompt, output, service
         self.n = self.kv = 0                   # admitted requests and KV tokens reserved for them
         self.waiting, self.prefilling, self.batch = [], False, []
@@ -192,7 +196,8 @@ class ReplicaState:
 
     def fits(self, i: int) -> bool:
         "A free sequence slot and KV room for request `i`'s prompt and whole output?"
-        return self.n < self.spec.max_num_seqs and self.kv + self.prompt[i] + self.output[i] <= self.spec.kv_capacity_tokens
+        room = self.spec.kv_capacity_tokens - self.kv
+        return self.n < self.spec.max_num_seqs and self.prompt[i] + self.output[i] <= room
     def admit(self, i: int): self.n += 1; self.kv += self.prompt[i] + self.output[i]; self.waiting.append(i)
     def release(self, i: int): self.n -= 1; self.kv -= self.prompt[i] + self.output[i]
 
@@ -208,7 +213,8 @@ class ReplicaState:
         elif not busy: self.stop_busy(now)
     def stop_busy(self, now: float):
         if self.busy_since is not None: self.busy += now - self.busy_since; self.busy_since = None
-    def busy_seconds(self, now: float) -> float: return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+    def busy_seconds(self, now: float) -> float:
+        return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
 
 # %% ../../nbs/62_replica.ipynb #60193188
 def start_prefill(r: ReplicaState, now: float) -> float | None:

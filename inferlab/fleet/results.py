@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 import numpy as np
+from fastcore.basics import patch
 from .traffic import Workload
 
 # %% auto #0
@@ -67,46 +68,60 @@ class FleetResult:
     def rejected_by_reason(self) -> dict:
         return {r: int(((self.status == 2) & (self.reason == k)).sum()) for k, r in enumerate(REJECT_REASONS)}
 
-    def latencies(self) -> dict:
-        "TTFT, end-to-end and TPOT (vLLM's definitions) of completed requests, network round trip included."
-        w, ok = self.workload, self.status == 1
-        reg = w.region[ok] if w.region is not None else np.zeros(ok.sum(), int)
-        net = self.net_latency[reg, self.cluster[ok]] if ok.any() else np.zeros(0)
-        arr = w.t[ok]
-        ttft, e2e = self.ttft_t[ok] - arr + net, self.done_t[ok] - arr + net
-        out = w.output[ok]
-        tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), 0.0)
-        return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "output": out, "index": np.flatnonzero(ok)}
+# %% ../../nbs/64a_results.ipynb #5d366f11
+@patch
+def latencies(self: FleetResult) -> dict:
+    "TTFT, end-to-end and TPOT (vLLM's definitions) of completed requests, network round trip included."
+    w, ok = self.workload, self.status == 1
+    reg = w.region[ok] if w.region is not None else np.zeros(ok.sum(), int)
+    net = self.net_latency[reg, self.cluster[ok]] if ok.any() else np.zeros(0)
+    arr = w.t[ok]
+    ttft, e2e = self.ttft_t[ok] - arr + net, self.done_t[ok] - arr + net
+    out = w.output[ok]
+    tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), 0.0)
+    return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "output": out, "index": np.flatnonzero(ok)}
 
-    def gpu_hours(self) -> float: return float(((self.replicas[:, 1] - self.replicas[:, 0]) * self.replicas[:, 2]).sum() / 3600)
-    def cost(self) -> float: return float(((self.replicas[:, 1] - self.replicas[:, 0]) * self.replicas[:, 3]).sum() / 3600)
-    def utilization(self) -> float:
-        "Busy replica-seconds over billed replica-seconds."
-        billed = (self.replicas[:, 1] - self.replicas[:, 0]).sum()
-        return float(self.replicas[:, 5].sum() / billed) if billed > 0 else math.nan
+# %% ../../nbs/64a_results.ipynb #fb97f14e
+@patch
+def gpu_hours(self: FleetResult) -> float:
+    return float(((self.replicas[:, 1] - self.replicas[:, 0]) * self.replicas[:, 2]).sum() / 3600)
 
-    def summary(self, slo: SLO | None = None) -> dict:
-        slo = slo or SLO()
-        lat, w = self.latencies(), self.workload
-        good = (lat["ttft"] <= slo.ttft) & (lat["tpot"] <= slo.tpot) & (lat["e2e"] <= slo.e2e)
-        span = max(self.end - (w.t[0] if len(w) else 0.0), 1e-9)
-        tokens = float(w.output[self.status == 1].sum())
-        return {"requests": self.arrivals, "completed": self.completed, "rejected": self.rejected,
-                "in_flight": self.in_flight, **{f"rejected_{k}": v for k, v in self.rejected_by_reason().items() if v},
-                "ttft_p50": _pct(lat["ttft"], 50), "ttft_p90": _pct(lat["ttft"], 90), "ttft_p99": _pct(lat["ttft"], 99),
-                "tpot_p50": _pct(lat["tpot"], 50), "tpot_p99": _pct(lat["tpot"], 99),
-                "e2e_p50": _pct(lat["e2e"], 50), "e2e_p99": _pct(lat["e2e"], 99),
-                "slo_attainment": float(good.sum() / max(self.arrivals, 1)), "goodput_rps": float(good.sum() / span),
-                "throughput_tok_s": tokens / span, "mean_queue": float(self.ts_queue.sum(1).mean()) if len(self.ts_queue) else 0.0,
-                "mean_replicas": float(self.ts_billed.sum(1).mean()) if len(self.ts_billed) else 0.0,
-                "peak_replicas": int(self.ts_billed.sum(1).max()) if len(self.ts_billed) else 0,
-                "gpu_hours": self.gpu_hours(), "cost_usd": self.cost(), "utilization": self.utilization(),
-                "usd_per_mtok": self.cost() / tokens * 1e6 if tokens else math.nan,
-                "retries": self.retries, "sim_wall_s": self.wall_s}
+@patch
+def cost(self: FleetResult) -> float:
+    return float(((self.replicas[:, 1] - self.replicas[:, 0]) * self.replicas[:, 3]).sum() / 3600)
 
-    def table(self, slo: SLO | None = None) -> str:
-        "The summary as a two-column text table."
-        s = self.summary(slo)
-        fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v))
-        width = max(map(len, s))
-        return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in s.items())
+@patch
+def utilization(self: FleetResult) -> float:
+    "Busy replica-seconds over billed replica-seconds."
+    billed = (self.replicas[:, 1] - self.replicas[:, 0]).sum()
+    return float(self.replicas[:, 5].sum() / billed) if billed > 0 else math.nan
+
+# %% ../../nbs/64a_results.ipynb #5ec35cc9
+@patch
+def summary(self: FleetResult, slo: SLO | None = None) -> dict:
+    "Counts, latency percentiles, SLO attainment over all arrivals, goodput, throughput, replicas and cost."
+    slo = slo or SLO()
+    lat, w = self.latencies(), self.workload
+    good = (lat["ttft"] <= slo.ttft) & (lat["tpot"] <= slo.tpot) & (lat["e2e"] <= slo.e2e)
+    span = max(self.end - (w.t[0] if len(w) else 0.0), 1e-9)
+    tokens = float(w.output[self.status == 1].sum())
+    gauge = lambda ts, f: f(ts.sum(1)) if len(ts) else 0
+    return {"requests": self.arrivals, "completed": self.completed, "rejected": self.rejected,
+            "in_flight": self.in_flight, **{f"rejected_{k}": v for k, v in self.rejected_by_reason().items() if v},
+            **{f"ttft_p{q}": _pct(lat["ttft"], q) for q in (50, 90, 99)},
+            "tpot_p50": _pct(lat["tpot"], 50), "tpot_p99": _pct(lat["tpot"], 99),
+            "e2e_p50": _pct(lat["e2e"], 50), "e2e_p99": _pct(lat["e2e"], 99),
+            "slo_attainment": float(good.sum() / max(self.arrivals, 1)), "goodput_rps": float(good.sum() / span),
+            "throughput_tok_s": tokens / span, "mean_queue": float(gauge(self.ts_queue, np.mean)),
+            "mean_replicas": float(gauge(self.ts_billed, np.mean)), "peak_replicas": int(gauge(self.ts_billed, np.max)),
+            "gpu_hours": self.gpu_hours(), "cost_usd": self.cost(), "utilization": self.utilization(),
+            "usd_per_mtok": self.cost() / tokens * 1e6 if tokens else math.nan,
+            "retries": self.retries, "sim_wall_s": self.wall_s}
+
+@patch
+def table(self: FleetResult, slo: SLO | None = None) -> str:
+    "The summary as a two-column text table."
+    s = self.summary(slo)
+    fmt = lambda v: f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v))
+    width = max(map(len, s))
+    return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in s.items())

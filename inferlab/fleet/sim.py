@@ -59,7 +59,7 @@ class Outage:
 
 # %% ../../nbs/64_sim.ipynb #b3ee81eb
 class FleetSimulator:
-    "Discrete-event simulation of pools of continuously-batching replicas under autoscalers (until `horizon`, if given)."
+    "Discrete-event simulation of pools of continuously-batching replicas under autoscalers (until `horizon`)."
 
     def __init__(self, workload: Workload, replica: ReplicaSpec | None = None, pools: list | None = None,
                  clusters: list | None = None, tick: float = 2.0, queue_timeout: float = 600.0,
@@ -99,7 +99,8 @@ def _plan(sim: FleetSimulator):
     for o in sim.outages:
         if o.cluster not in sim.cidx: raise ValueError(f"outages: unknown cluster {o.cluster!r}")
     # RayServe counts control-loop ticks: give it ours
-    sim.policies = [replace(p.policy, interval=sim.tick) if hasattr(p.policy, "interval") else p.policy for p in sim.pools]
+    sim.policies = [replace(p.policy, interval=sim.tick) if hasattr(p.policy, "interval") else p.policy
+                    for p in sim.pools]
     w = sim.w
     n_regions = int(w.region.max()) + 1 if w.region is not None and len(w) else 1
     sim.route = []                                    # user region -> pool index
@@ -108,9 +109,11 @@ def _plan(sim: FleetSimulator):
         if not match: raise ValueError(f"pools: no pool serves user region {r}")
         sim.route.append(match[0])
     pool_cis = [[sim.cidx[c] for c in p.clusters] for p in sim.pools]
-    sim.near = [[sorted(cis, key=lambda ci: sim.clusters[ci].latency_ms.get(r, 0.0)) for r in range(n_regions)] for cis in pool_cis]
+    dist = lambda r: (lambda ci: sim.clusters[ci].latency_ms.get(r, 0.0))
+    sim.near = [[sorted(cis, key=dist(r)) for r in range(n_regions)] for cis in pool_cis]
     sim.spec_of = [c.replica or sim.replica for c in sim.clusters]
-    sim.price_of = [c.price_per_hour if c.price_per_hour is not None else s.price_per_hour for c, s in zip(sim.clusters, sim.spec_of)]
+    sim.price_of = [c.price_per_hour if c.price_per_hour is not None else s.price_per_hour
+                    for c, s in zip(sim.clusters, sim.spec_of)]
     sim.place = [sorted(cis, key=lambda ci: sim.price_of[ci]) for cis in pool_cis]
 
 # %% ../../nbs/64_sim.ipynb #109419b7
@@ -121,18 +124,21 @@ def _reset(sim: FleetSimulator):
     sim.arr, sim.prompt, sim.output = w.t.tolist(), w.prompt.tolist(), w.output.tolist()
     sim.service = w.service.tolist() if w.service is not None else None
     sim.region = w.region.tolist() if w.region is not None else [0] * N
-    sim.ttft, sim.done, sim.status, sim.reason, sim.where = [math.nan] * N, [math.nan] * N, [0] * N, [-1] * N, [-1] * N
+    sim.ttft, sim.done = [math.nan] * N, [math.nan] * N
+    sim.status, sim.reason, sim.where = [0] * N, [-1] * N, [-1] * N
     sim.loop = EventLoop(start=-math.inf)              # workloads and outages may start before t = 0
     sim.queues = [deque() for _ in range(P)]
     sim.in_sys, sim.area, sim.last, sim.area_tick = [0] * P, [0.0] * P, [0.0] * P, [0.0] * P
-    sim.ctl = [Controller(pol, p.initial_replicas, sim.tick) if pol is not None else None for p, pol in zip(sim.pools, sim.policies)]
+    sim.ctl = [Controller(pol, p.initial_replicas, sim.tick) if pol is not None else None
+               for p, pol in zip(sim.pools, sim.policies)]
     sim.replicas, sim.pool_reps = [], [[] for _ in range(P)]
     sim.free = [[[] for _ in range(C)] for _ in range(P)]   # lazy heaps of (admitted, rid): least loaded first
     sim.cl_used, sim.cl_up = [0] * C, [True] * C
     sim.max_kv = max(s.kv_capacity_tokens for s in sim.spec_of)
     sim.retries = sim.shortfall = sim.events = 0
     sim.ts = {k: [] for k in ("t", "ready", "billed", "queue", "in_system")}
-    sim.hard_end = sim.horizon if sim.horizon is not None else (sim.arr[-1] if N else 0.0) + 2 * sim.queue_timeout + 3600
+    last_arrival = sim.arr[-1] if N else 0.0
+    sim.hard_end = sim.horizon if sim.horizon is not None else last_arrival + 2 * sim.queue_timeout + 3600
 
 # %% ../../nbs/64_sim.ipynb #28a04552
 PROVISIONING, READY, DRAINING, DEAD = 0, 1, 2, 3
@@ -283,8 +289,9 @@ def _tick_pool(sim, p, now):
         for _ in range(desired - cur):
             if not _add_replica(sim, p, now): break
         for _ in range(cur - desired): _remove_replica(sim, p, now)
-    for k, v in (("t", now), ("ready", ready), ("billed", len(live)), ("queue", len(sim.queues[p])), ("in_system", sim.in_sys[p])):
-        sim.ts[k].append(v)
+    gauges = (("t", now), ("ready", ready), ("billed", len(live)), ("queue", len(sim.queues[p])),
+              ("in_system", sim.in_sys[p]))
+    for k, v in gauges: sim.ts[k].append(v)
 
 def _on_tick(sim, _, now):
     for p in range(len(sim.pools)): _tick_pool(sim, p, now)
@@ -321,8 +328,8 @@ def _events(sim, progress: bool) -> float:
 def _result(sim, end: float, wall_s: float) -> FleetResult:
     P = len(sim.pools)
     for p in range(P): _touch(sim, p, end, 0)
-    reps = np.array([[r.t_start, r.t_end if r.t_end is not None else end, r.spec.gpus, sim.price_of[r.cluster], r.cluster,
-                      r.busy_seconds(end)] for r in sim.replicas]).reshape(-1, 6)
+    reps = np.array([[r.t_start, r.t_end if r.t_end is not None else end, r.spec.gpus, sim.price_of[r.cluster],
+                      r.cluster, r.busy_seconds(end)] for r in sim.replicas]).reshape(-1, 6)
     lat = np.zeros((len(sim.route), len(sim.clusters)))
     for ci, c in enumerate(sim.clusters):
         for u, ms in c.latency_ms.items():
@@ -374,4 +381,5 @@ def benchmark(n: int = 1_000_000, replicas: int = 500, rate: float | None = None
     r = simulate(w, spec, replicas=replicas, tick=2.0, progress=progress)
     wall = time.perf_counter() - t0
     return {"requests": len(w), "replicas": replicas, "wall_s": wall, "requests_per_s": len(w) / wall,
-            "events": r.events, "conserved": r.arrivals == r.completed + r.rejected + r.in_flight, "summary": r.summary()}
+            "events": r.events, "conserved": r.arrivals == r.completed + r.rejected + r.in_flight,
+            "summary": r.summary()}

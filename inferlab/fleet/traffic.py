@@ -7,7 +7,7 @@ Docs: https://inferlab.github.io/inferlab/traffic.html.md"""
 # %% ../../nbs/61_traffic.ipynb #4182837c
 from __future__ import annotations
 import csv, math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 import numpy as np
@@ -34,7 +34,8 @@ class Workload:
             v = getattr(self, name)
             if v is not None and len(v) != n: raise ValueError(f"{name}: has {len(v)} entries for {n} arrivals")
         if n and np.any(np.diff(self.t) < 0): raise ValueError("t: arrival times must be sorted")
-        if n and (self.prompt.min() < 1 or self.output.min() < 1): raise ValueError("prompt/output: token counts must be >= 1")
+        if n and (self.prompt.min() < 1 or self.output.min() < 1):
+            raise ValueError("prompt/output: token counts must be >= 1")
         if self.service is not None: self.service = np.asarray(self.service, float)
         if self.region is not None: self.region = np.asarray(self.region, np.int64)
 
@@ -105,7 +106,7 @@ PRESETS = {
 }
 PRESETS["conv"] = PRESETS["conversation"]
 
-# The reference statistics of the Azure 2023 trace (shared/reference note), for checking.
+# The Azure 2023 trace's statistics, computed from its CSV files (AzurePublicDataset, AzureLLMInferenceDataset2023)
 AZURE_2023 = {
     "conversation": {"prompt": {10: 207, 50: 1020, 90: 2735, 99: 4142, "mean": 1155},
                      "output": {10: 54, 50: 129, 90: 424, 99: 601, "mean": 211}},
@@ -127,7 +128,8 @@ class Diurnal:
     def __post_init__(self):
         if not 0 <= self.amplitude < 1: raise ValueError(f"amplitude: must be in [0, 1), got {self.amplitude}")
         if self.period <= 0: raise ValueError(f"period: must be > 0, got {self.period}")
-    def __call__(self, t): return 1 + self.amplitude * np.cos(2 * np.pi * (np.asarray(t) / self.period - self.peak_hour / 24))
+    def __call__(self, t):
+        return 1 + self.amplitude * np.cos(2 * np.pi * (np.asarray(t) / self.period - self.peak_hour / 24))
 
 @dataclass
 class Spike:
@@ -179,8 +181,7 @@ def trace_stats(w: Workload) -> dict:
     "Rate, burstiness and length percentiles of a workload, as tabulated for the Azure traces."
     gaps = np.diff(w.t)
     counts = np.bincount(((w.t - w.t[0])).astype(np.int64)) if len(w) else np.zeros(1)
-    pct = lambda a: {10: float(np.percentile(a, 10)), 50: float(np.percentile(a, 50)), 90: float(np.percentile(a, 90)),
-                     99: float(np.percentile(a, 99)), "mean": float(a.mean())}
+    pct = lambda a: {**{q: float(np.percentile(a, q)) for q in (10, 50, 90, 99)}, "mean": float(a.mean())}
     return {"requests": len(w), "span_s": w.duration, "rate": w.rate,
             "gap_cv": float(gaps.std() / gaps.mean()) if len(gaps) > 1 else float("nan"),
             "dispersion_1s": float(counts.var() / counts.mean()), "gaps_under_10ms": float((gaps < 0.01).mean()),
@@ -213,8 +214,10 @@ def load_trace(path, speedup: float = 1.0, limit: int | None = None) -> Workload
         cols = reader.fieldnames or []
         pick = lambda names, what: next((c for c in names if c in cols), None) or \
             (_ for _ in ()).throw(ValueError(f"{path.name}: no {what} column (looked for {', '.join(names)})"))
-        tc, pc, oc = pick(_TIME_COLS, "timestamp"), pick(_PROMPT_COLS, "prompt-length"), pick(_OUTPUT_COLS, "output-length")
-        rows = [(_parse_time(r[tc]), int(float(r[pc])), int(float(r[oc]))) for _, r in zip(range(limit or 10**12), reader)]
+        tc, pc = pick(_TIME_COLS, "timestamp"), pick(_PROMPT_COLS, "prompt-length")
+        oc = pick(_OUTPUT_COLS, "output-length")
+        rows = [(_parse_time(r[tc]), int(float(r[pc])), int(float(r[oc])))
+                for _, r in zip(range(limit or 10**12), reader)]
     if not rows: raise ValueError(f"{path.name}: no rows")
     a = np.array(rows, dtype=float)
     a = a[(a[:, 2] > 0) & (a[:, 1] > 0)]                 # failed requests (0 output tokens) carry no work

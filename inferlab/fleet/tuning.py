@@ -72,10 +72,12 @@ def sweep(w: Workload, replica: ReplicaSpec, targets, delays, progress: bool = F
         for d in delays:
             pol = TrafficBased(concurrency_target=c, scale_down_delay=d, **knobs)
             s = simulate(w, replica, pol, replicas=max(1, pol.min_replicas), queue_timeout=120).summary()
-            out.append({"target": c, "delay": d, "cost": s["cost_usd"], "slo": s["slo_attainment"], "ttft_p99": s["ttft_p99"]})
+            out.append({"target": c, "delay": d, "cost": s["cost_usd"], "slo": s["slo_attainment"],
+                        "ttft_p99": s["ttft_p99"]})
     return out
 
 # %% ../../nbs/67_tuning.ipynb #c89901e4
 def compare_policies(w: Workload, replica: ReplicaSpec, policies: dict, replicas: int = 1) -> dict:
     "Summary of each named policy on the same workload."
-    return {name: simulate(w, replica, pol, replicas=replicas, queue_timeout=120).summary() for name, pol in policies.items()}
+    return {name: simulate(w, replica, pol, replicas=replicas, queue_timeout=120).summary()
+            for name, pol in policies.items()}

@@ -47,8 +47,9 @@ def hf_twin(model: CausalLM):
     return hf.eval().requires_grad_(False)
 
 def random_requests(n: int = 128, seed: int = 0, prompt_median: float = 64, output_median: float = 48,
-                  sigma: float = 0.8, max_prompt: int = 512, max_output: int = 256, vocab: int = 4096) -> list[tuple[list[int], int]]:
-    "`n` (prompt token ids, output length) pairs; lengths lognormal, token ids random (greedy work does not depend on them)."
+                    sigma: float = 0.8, max_prompt: int = 512, max_output: int = 256,
+                    vocab: int = 4096) -> list[tuple[list[int], int]]:
+    "`n` (prompt token ids, output length) pairs; lengths lognormal, token ids random (greedy work ignores them)."
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -114,8 +115,8 @@ def hf_offline(hf, workload, batch_size: int) -> float:
 
 def run_engine(engine: LLMEngine, workload) -> dict:
     """Run `workload` (all requests queued at once): total `seconds`, and the time and tokens of steps that prefill
-    (`prefill_s`, `prefill_tokens`; such steps may carry decodes too) and of decode-only steps (`decode_s`, `decode_tokens`);
-    `output_tokens`: the tokens the finished requests generated."""
+    (`prefill_s`, `prefill_tokens`; such steps may carry decodes too) and of decode-only steps (`decode_s`,
+    `decode_tokens`); `output_tokens`: the tokens the finished requests generated."""
     r = dict(prefill_s=0.0, decode_s=0.0, prefill_tokens=0, decode_tokens=0, output_tokens=0)
     t0 = time.perf_counter()
     for p, o in workload: engine.add_request(p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
@@ -132,6 +133,7 @@ def inferlab_offline(engine: LLMEngine, workload) -> float:
     "Seconds for the engine to run `workload` (all requests queued at once)."
     return run_engine(engine, workload)["seconds"]
 
+# %% ../../nbs/70_bench.ipynb #6ea42ef7
 @torch.inference_mode()
 def decode_rate(run, n: int = 128) -> float:
     """Batch-1 decode tokens/s from `run(k)`, the seconds to generate k new tokens: n over (time for n+1) minus (time
@@ -176,6 +178,7 @@ def median_mbu(rates: list[float], bandwidths: list[float], bytes_per_token: int
     "Median over rounds of (tokens/s x bytes per token) / bandwidth of that round, in percent."
     return statistics.median(100 * r * bytes_per_token / 1e9 / b for r, b in zip(rates, bandwidths))
 
+# %% ../../nbs/70_bench.ipynb #d8511b7a
 def ttft_shared_prefix(model, prefix_len: int = 1000, suffix_len: int = 16, trials: int = 3,
                        prefix_caching: bool = True, seed: int = 0) -> float:
     "Median TTFT (s) of requests sharing a `prefix_len`-token prefix, after one warm-up request with that prefix."
@@ -186,7 +189,8 @@ def ttft_shared_prefix(model, prefix_len: int = 1000, suffix_len: int = 16, tria
     times = []
     for i in range(trials + 1):
         suffix = torch.randint(1, V, (suffix_len,), generator=g).tolist()
-        seq = eng.requests[eng.add_request(prefix + suffix, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))]
+        rid = eng.add_request(prefix + suffix, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        seq = eng.requests[rid]
         while eng.has_unfinished(): eng.step()
         if i: times.append(seq.first_token_time - seq.arrival_time)   # i == 0 warms the cache (and the code)
     return statistics.median(times)
@@ -282,7 +286,8 @@ def throughput_rows(s: dict, row, best: dict | None = None, rounds: int = 5) -> 
             f"tok/s, decode-only steps {r['decode_tokens'] / max(r['decode_s'], 1e-9):.0f} tok/s")
     prompts = [p for p, _ in s["workloads"]["prefill-heavy"]]
     n_tok = sum(len(p) for p in prompts)
-    b, hf_t = _hf_best(lambda b: hf_prefill(s["hf"], prompts, b), [best["prefill"]] if "prefill" in best else (4, 8, 16))
+    sizes = [best["prefill"]] if "prefill" in best else (4, 8, 16)
+    b, hf_t = _hf_best(lambda b: hf_prefill(s["hf"], prompts, b), sizes)
     best["prefill"] = b
     ours = inferlab_prefill(LLMEngine(s["tiny"], None, EngineConfig(max_num_seqs=len(prompts))), prompts)
     row(f"prompt-only prefill, {len(prompts)} prompts (HF batch {b})", n_tok / hf_t, n_tok / ours, hf_t / ours,
@@ -296,6 +301,7 @@ def throughput_rows(s: dict, row, best: dict | None = None, rounds: int = 5) -> 
         f"{sum(p.numel() for p in s['big'].parameters())/1e6:.0f}M params")
     s["last_decode_100m"] = r
 
+# %% ../../nbs/70_bench.ipynb #085a1f1c
 def run_bench(scale: float = 1.0, decode_tokens: int = 128, seed: int = 0, busy: int = 0, log=print) -> list[dict]:
     """Run everything; return rows (metric, HF, inferlab, ratio) and print them as a table. `busy=N`: then run the
     throughput rows again while N busy-looping processes compete for the cores, and print both figures."""
@@ -324,10 +330,12 @@ def run_bench(scale: float = 1.0, decode_tokens: int = 128, seed: int = 0, busy:
     row("MBU at batch 1, Llama ~100M (median of rounds)", h_mbu, o_mbu, o_mbu / h_mbu, "% of roofline",
         f"{nbytes/1e6:.0f} MB/token; bandwidth {min(bws):.1f}-{max(bws):.1f} GB/s during the rounds")
     off = ttft_shared_prefix(tiny, prefix_caching=False); on = ttft_shared_prefix(tiny, prefix_caching=True)
-    row("TTFT, shared 1000-token prefix: cache off / on", off * 1e3, on * 1e3, off / on, "ms", "tiny-dense (inferlab both)")
+    row("TTFT, shared 1000-token prefix: cache off / on", off * 1e3, on * 1e3, off / on, "ms",
+        "tiny-dense (inferlab both)")
     if busy:
         quiet = list(rows)
-        log(f"\nthe same throughput rows with {busy} busy-looping process(es) on the {len(os.sched_getaffinity(0))} cores:")
+        cores = len(os.sched_getaffinity(0))
+        log(f"\nthe same throughput rows with {busy} busy-looping process(es) on the {cores} cores:")
         with BusyLoad(busy):
             throughput_rows(s, row, best, rounds=3)
         loaded = rows[len(quiet):]
@@ -337,9 +345,11 @@ def run_bench(scale: float = 1.0, decode_tokens: int = 128, seed: int = 0, busy:
             log(f"  {q['metric']:<50s} {q['ours']:>9.1f} {b['ours']:>9.1f} {b['ours'] / q['ours']:>9.0%}   {q['unit']}")
     return rows
 
+# %% ../../nbs/70_bench.ipynb #0a3f3ed1
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="inferlab bench", description="inferlab vs HF transformers, one process")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply the offline workloads' request counts (default 1)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply the offline workloads' request counts (default 1)")
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--busy", type=int, default=0, metavar="N",

@@ -68,15 +68,16 @@ def calibrate(make_engine, train=TRAIN, held_back=HELD_BACK, train_rate: float =
     engine.shutdown()
     del engine
     train_reqs, test_reqs = serve_requests(tok, **train), serve_requests(tok, **held_back)
-    if log: log(f"step fit MAPE: prefill {mape['prefill']:.0%}, decode {mape['decode']:.0%}; serving the training workload")
+    if log: log(f"step fit MAPE: prefill {mape['prefill']:.0%}, decode {mape['decode']:.0%}; "
+                "serving the training workload")
     train_meas = served_run(train_reqs, train_rate, seed)
     delay, per_token = fit_overhead(step, train_reqs, train_rate, train_meas, seed)
     if log: log(f"serving terms: {delay * 1e3:.2f} ms per request, {per_token * 1e3:.3f} ms per output token; "
                 "serving the held-back workload")
     test_meas = served_run(test_reqs, test_rate, seed)
     pick = lambda s: {k: s[k] for k in KEYS}
-    return dict(step=dataclasses.asdict(step), mape=mape, request_delay_s=delay, per_token_s=per_token, train_rate=train_rate,
-                test_rate=test_rate, train_measured=pick(train_meas),
+    return dict(step=dataclasses.asdict(step), mape=mape, request_delay_s=delay, per_token_s=per_token,
+                train_rate=train_rate, test_rate=test_rate, train_measured=pick(train_meas),
                 train_simulated=pick(sim_served(step, train_reqs, train_rate, seed, delay, per_token)),
                 test_measured=pick(test_meas), test_uncalibrated=pick(sim_served(step, test_reqs, test_rate, seed)),
                 test_predicted=pick(sim_served(step, test_reqs, test_rate, seed, delay, per_token)))
@@ -88,8 +89,8 @@ def errors(measured: dict, predicted: dict) -> dict:
 # %% ../../nbs/78_calibrate.ipynb #116c49da
 def calibration_table(res: dict) -> str:
     "Measured against simulated for the training run, and for the held-back run before and after calibration."
-    head = f"{'':<28}" + "".join(f"{k.replace('_ms', '').replace('median_', 'p50 ').replace('output_', ''):>14}" for k in KEYS)
-    lines = [head]
+    short = lambda k: k.replace('_ms', '').replace('median_', 'p50 ').replace('output_', '')
+    lines = [f"{'':<28}" + "".join(f"{short(k):>14}" for k in KEYS)]
     for name, key in (("train, measured", "train_measured"), ("train, simulated (fitted)", "train_simulated"),
                       ("held-back, measured", "test_measured"), ("held-back, uncalibrated", "test_uncalibrated"),
                       ("held-back, predicted", "test_predicted")):
@@ -101,22 +102,25 @@ def calibration_table(res: dict) -> str:
 def calibrate_main(argv: list[str] | None = None, make_engine=None) -> int:
     "`inferlab calibrate`: fit the simulator from this engine and one served run; predict a held-back served run."
     import argparse, sys
-    ap = argparse.ArgumentParser(prog="inferlab calibrate",
-                                 description="Calibrate the step simulator against inferlab serve and check it on a held-back workload.")
-    ap.add_argument("--train-rate", type=float, default=8.0, help="the training workload's requests per second (default 8)")
-    ap.add_argument("--test-rate", type=float, default=6.0, help="the held-back workload's requests per second (default 6)")
+    ap = argparse.ArgumentParser(prog="inferlab calibrate", description="Calibrate the step simulator against "
+                                 "inferlab serve and check it on a held-back workload.")
+    ap.add_argument("--train-rate", type=float, default=8.0,
+                    help="the training workload's requests per second (default 8)")
+    ap.add_argument("--test-rate", type=float, default=6.0,
+                    help="the held-back workload's requests per second (default 6)")
     ap.add_argument("--seed", type=int, default=0, help="arrival times' seed")
     ap.add_argument("--out", default=None, help="write the result as JSON")
     a = ap.parse_args(argv)
     for name in ("train_rate", "test_rate"):
         if not 0 < getattr(a, name) < math.inf:
-            print(f"inferlab calibrate: error: --{name.replace('_', '-')}: must be a positive number", file=sys.stderr); return 2
+            flag = "--" + name.replace("_", "-")
+            print(f"inferlab calibrate: error: {flag}: must be a positive number", file=sys.stderr); return 2
     t0 = time.perf_counter()
     res = calibrate(make_engine, train_rate=a.train_rate, test_rate=a.test_rate, seed=a.seed)
     print(calibration_table(res))
     err = errors(res["test_measured"], res["test_predicted"])
-    print(f"held-back workload: output throughput {err['output_throughput']:+.1%}, TTFT p50 {err['median_ttft_ms']:+.1%} "
-          f"({time.perf_counter() - t0:.0f} s)")
+    print(f"held-back workload: output throughput {err['output_throughput']:+.1%}, "
+          f"TTFT p50 {err['median_ttft_ms']:+.1%} ({time.perf_counter() - t0:.0f} s)")
     if a.out:
         with open(a.out, "w") as f: json.dump(res, f, indent=1)
     return 0
@@ -138,6 +142,6 @@ def gpu_frontier(gpus=("H100", "H200", "B200"), models=(("llama-3-8b", 1), ("lla
                 work = [(0.0, prompt, output)] * (4 * b)
                 s = summarize_sim(simulate(spec.step, work, max_num_seqs=b, max_num_batched_tokens=8192))
                 rows.append(dict(gpu=gpu, model=name, tp=tp, fp8=fp8, max_num_seqs=b,
-                                 throughput_per_gpu=s["output_throughput"] / tp, interactivity=1e3 / s["median_tpot_ms"],
-                                 median_ttft_ms=s["median_ttft_ms"]))
+                                 throughput_per_gpu=s["output_throughput"] / tp,
+                                 interactivity=1e3 / s["median_tpot_ms"], median_ttft_ms=s["median_ttft_ms"]))
     return rows

@@ -10,7 +10,7 @@ import contextlib, os, statistics, subprocess, sys, tempfile, time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from ..parallel.collectives import free_port
-from ..serve.bench import arrival_times, benchmark, serve_requests, summarize
+from ..serve.bench import arrival_times, benchmark, summarize
 from .step_sim import simulate, summarize_sim
 
 # %% auto #0
@@ -19,19 +19,19 @@ __all__ = ['DISAGG_MODES', 'KEYS', 'served', 'scrape', 'bench_modes', 'median_ro
 # %% ../../nbs/75_disagg_bench.ipynb #b096920f
 @contextlib.contextmanager
 def served(args: list[str], timeout: float = 180.0):
-    "An `inferlab serve` process with `args` on a free loopback port: yields (base URL, process), and stops it afterwards."
+    "An `inferlab serve` process with `args` on a free loopback port: yields (base URL, process), stops it afterwards."
     port, log = free_port(), tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     cmd = [sys.executable, "-c", "import sys; from inferlab.cli import main; sys.exit(main())", "serve",
            "--port", str(port), "--log-level", "warning", *args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
+    base, what = f"http://127.0.0.1:{port}", f"inferlab serve {' '.join(args)}"
     try:
         t0 = time.monotonic()
         while True:
-            if proc.poll() is not None: raise RuntimeError(f"inferlab serve {' '.join(args)} exited: {open(log.name).read()[-1500:]}")
+            if proc.poll() is not None: raise RuntimeError(f"{what} exited: {open(log.name).read()[-1500:]}")
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(base + "/health", timeout=2).status_code == 200: break
-            if time.monotonic() - t0 > timeout: raise RuntimeError(f"inferlab serve {' '.join(args)}: no /health in {timeout:.0f} s")
+            if time.monotonic() - t0 > timeout: raise RuntimeError(f"{what}: no /health in {timeout:.0f} s")
             time.sleep(0.2)
         yield base, proc
     finally:
@@ -61,15 +61,16 @@ def bench_modes(requests, modes: dict = DISAGG_MODES, repeats: int = 3, request_
                 benchmark(base, requests[:2], progress=False)                          # warm-up, not counted
                 run = benchmark(base, requests, request_rate=request_rate, seed=seed, progress=False)
                 moved = scrape(base, "inferlab:kv_transfer_bytes_total")
-                kv_s, kv_blocks = scrape(base, "inferlab:kv_transfer_seconds_sum"), scrape(base, "inferlab:kv_transfer_blocks_total")
+                kv_s = scrape(base, "inferlab:kv_transfer_seconds_sum")
+                kv_blocks = scrape(base, "inferlab:kv_transfer_blocks_total")
             s = summarize(run)
             itl = sorted(x for r in run.results if r.success for x in r.itl)
-            row = dict(mode=name, repeat=rep, failed=s["failed"], kv_bytes=moved, kv_seconds=kv_s, kv_blocks=kv_blocks,
-                       **{k: s[k] for k in KEYS},
+            row = dict(mode=name, repeat=rep, failed=s["failed"], kv_bytes=moved, kv_seconds=kv_s,
+                       kv_blocks=kv_blocks, **{k: s[k] for k in KEYS},
                        p999_itl_ms=itl[min(len(itl) - 1, int(0.999 * len(itl)))] * 1e3 if itl else 0.0)
             rows.append(row)
-            if log: log(f"repeat {rep} {name:<12} ITL p50 {row['median_itl_ms']:6.1f} p99 {row['p99_itl_ms']:6.1f} ms, "
-                        f"TTFT p50 {row['median_ttft_ms']:6.0f} ms, {row['output_throughput']:5.0f} tok/s")
+            if log: log(f"repeat {rep} {name:<12} ITL p50 {row['median_itl_ms']:6.1f} p99 {row['p99_itl_ms']:6.1f} "
+                        f"ms, TTFT p50 {row['median_ttft_ms']:6.0f} ms, {row['output_throughput']:5.0f} tok/s")
     return rows
 
 def median_rows(rows: list[dict]) -> dict[str, dict]:
@@ -82,11 +83,13 @@ def median_rows(rows: list[dict]) -> dict[str, dict]:
 
 # %% ../../nbs/75_disagg_bench.ipynb #7db46596
 def bench_work(requests, request_rate: float, seed: int = 0) -> list[tuple[float, int, int]]:
-    "`requests` [(prompt_ids, max_tokens)] as the simulator's [(arrival s, prompt tokens, output tokens)], sent when the bench sends them."
+    """`requests` [(prompt_ids, max_tokens)] as the simulator's [(arrival s, prompt tokens, output tokens)], sent
+    when the bench sends them."""
     arrivals = arrival_times(len(requests), request_rate, 1.0, seed)
     return [(a, len(p), m) for a, (p, m) in zip(arrivals, requests)]
 
-def sim_modes(step, requests, request_rate: float, seed: int = 0, transfer_s_per_token: float = 0.0) -> dict[str, dict]:
+def sim_modes(step, requests, request_rate: float, seed: int = 0,
+              transfer_s_per_token: float = 0.0) -> dict[str, dict]:
     "Chapter 74's simulator on `requests` [(prompt_ids, max_tokens)] at the bench's arrival times, for each mode."
     work = bench_work(requests, request_rate, seed)
     kw = {"aggregated": dict(enable_chunked_prefill=False, max_num_batched_tokens=2048),
@@ -107,6 +110,7 @@ def gpu_prediction(gpus=("H100", "H200", "B200"), models=(("llama-3-8b", 1), ("l
     for gpu in gpus:
         for model, tp in models:
             per_token = MODELS[model].kv_bytes_per_token / beta
-            res = compare_modes(replica_from_roofline(gpu, model, tp=tp).step, work, transfer_s=lambda p: alpha + p * per_token)
+            step = replica_from_roofline(gpu, model, tp=tp).step
+            res = compare_modes(step, work, transfer_s=lambda p: alpha + p * per_token)
             rows += [dict(gpu=gpu, model=model, tp=tp, mode=m, **s) for m, s in res.items()]
     return rows

@@ -20,7 +20,8 @@ def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64
                 seed: int = 0) -> list[dict]:
     "For each `max_num_seqs`: output tokens/s, mean TPOT, mean end-to-end latency and mean realised batch."
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(1, model.config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(num_requests)]
+    V = model.config.vocab_size
+    prompts = [torch.randint(1, V, (prompt_len,), generator=g).tolist() for _ in range(num_requests)]
     sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     rows = []
     for b in batch_sizes:
@@ -51,7 +52,8 @@ def read_rows(path) -> list[dict]:
             rows.append(r)
     return rows
 
-def mark_frontier(rows: list[dict], maximize=FRONTIER_AXES["maximize"], minimize=FRONTIER_AXES["minimize"]) -> list[dict]:
+def mark_frontier(rows: list[dict], maximize=FRONTIER_AXES["maximize"],
+                  minimize=FRONTIER_AXES["minimize"]) -> list[dict]:
     "Every row, in order, with `pareto`: whether it is non-dominated on the axes."
     return [r | {"pareto": on} for r, on in zip(rows, pareto_mask(rows, minimize=minimize, maximize=maximize))]
 

@@ -18,10 +18,11 @@ __all__ = ['SPEC_BENCH_METHODS', 'code_prompts', 'make_engine', 'decode_seconds'
            'run_spec_bench', 'main']
 
 # %% ../../nbs/73_spec_bench.ipynb #4be82315
-SPEC_BENCH_METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 3, "prompt_lookup_max": 6},
+_LOOKUP = {"prompt_lookup_min": 3, "prompt_lookup_max": 6}
+SPEC_BENCH_METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 5, **_LOOKUP},
                       "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
                       "medusa": {"method": "medusa", "num_speculative_tokens": 2},
-                     "rest": {"method": "rest", "num_speculative_tokens": 5, "prompt_lookup_min": 3, "prompt_lookup_max": 6}}
+                      "rest": {"method": "rest", "num_speculative_tokens": 5, **_LOOKUP}}
 
 def code_prompts(n: int = 12, lo: int = 128, hi: int = 384, seed: int = 1) -> list[list[int]]:
     "`n` prompts cut from the held-out code of the corpus, lengths uniform in [lo, hi] tokens."
@@ -34,8 +35,8 @@ def make_engine(model, tokenizer, method: str | None, source=None, **config):
     return add_speculation(LLMEngine(model, tokenizer, cfg), SPEC_BENCH_METHODS[method], source)
 
 def decode_seconds(engine, prompts, max_tokens=64, batch: int | None = 1) -> tuple[int, float]:
-    """(tokens generated, seconds) for greedy decoding of `prompts`, `batch` at a time (all queued when batch is None);
-    `max_tokens`: one for all, or one per prompt."""
+    """(tokens generated, seconds) for greedy decoding of `prompts`, `batch` at a time (all queued when batch is
+    None); `max_tokens`: one for all, or one per prompt."""
     toks, secs = 0, 0.0
     step = len(prompts) if batch is None else batch
     lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
@@ -48,6 +49,7 @@ def decode_seconds(engine, prompts, max_tokens=64, batch: int | None = 1) -> tup
         secs += time.perf_counter() - t0
     return toks, secs
 
+# %% ../../nbs/73_spec_bench.ipynb #ab1c3428
 def spec_batch1(model, tokenizer, prompts, methods=tuple(SPEC_BENCH_METHODS), source=None, rounds: int = 3,
                 max_tokens: int = 64) -> dict:
     """Per method (and `none`): median tokens/s over `rounds` alternating passes over `prompts` at batch 1, and the
@@ -67,7 +69,8 @@ def spec_full_batch(model, tokenizer, prompts, method: str = "ngram", disable_by
     lengths spread over [max_tokens / 4, max_tokens], so the batch drains as a real one does."""
     spec = dict(SPEC_BENCH_METHODS[method], disable_by_batch_size=disable_by_batch_size)
     cfg = EngineConfig(max_num_seqs=len(prompts))
-    engines = {"none": LLMEngine(model, tokenizer, cfg), method: add_speculation(LLMEngine(model, tokenizer, cfg), spec, source)}
+    engines = {"none": LLMEngine(model, tokenizer, cfg),
+               method: add_speculation(LLMEngine(model, tokenizer, cfg), spec, source)}
     lens = [max_tokens // 4 + (i * 37) % (max_tokens - max_tokens // 4 + 1) for i in range(len(prompts))]
     rates = {m: [] for m in engines}
     for r in range(rounds):
@@ -95,7 +98,8 @@ def run_spec_bench(seed: int = 1, rounds: int = 3, log=print) -> list[dict]:
         s = r[m]["stats"]
         per = ", ".join(f"{a:.0%}" for a in s["acceptance_rate_per_position"])
         row(f"batch-1 decode, {m} (k={s['num_speculative_tokens']})", r["none"]["rate"], r[m]["rate"],
-            f"acceptance {s['acceptance_rate']:.0%} (per position {per}), {s['mean_accepted_length']:.2f} tokens per verification")
+            f"acceptance {s['acceptance_rate']:.0%} (per position {per}), "
+            f"{s['mean_accepted_length']:.2f} tokens per verification")
     best = max(methods, key=lambda m: r[m]["rate"])
     prompts = code_prompts(32, seed=seed + 1)
     fb = spec_full_batch(model, tok, prompts, best, 4, src, rounds + 2)   # a full batch is noisier: more rounds

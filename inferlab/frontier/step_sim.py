@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 import numpy as np
 import torch
-from ..fleet.replica import StepTimeModel, fit_step_time
+from ..fleet.replica import StepTimeModel
 from ..model.sampling import SamplingParams
 
 # %% auto #0
@@ -88,14 +88,17 @@ class SimEngine:
 def simulate(step: StepTimeModel, requests: list[tuple[float, int, int]], mode: str = "aggregated", *,
              max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
              prefill_step: StepTimeModel | None = None, transfer_s=lambda prompt: 0.0,
-             max_local_prefill_length: int = 1000, request_delay_s: float = 0.0, per_token_s: float = 0.0) -> list[SimRequest]:
+             max_local_prefill_length: int = 1000, request_delay_s: float = 0.0,
+             per_token_s: float = 0.0) -> list[SimRequest]:
     """Run `requests` = [(arrival s, prompt tokens, output tokens)] through one engine (`mode="aggregated"`) or a
     prefill engine and a decode engine (`"disaggregated"`, the prefill one with `prefill_step`, default `step`).
     The serving stack, when calibrated (chapter 78): each request reaches the engine `request_delay_s` after it was
     sent, and each output token costs the engine's step `per_token_s` more."""
-    if mode not in ("aggregated", "disaggregated"): raise ValueError(f"mode: {mode!r} is not aggregated or disaggregated")
+    if mode not in ("aggregated", "disaggregated"):
+        raise ValueError(f"mode: {mode!r} is not aggregated or disaggregated")
     reqs = [SimRequest(float(a), int(p), int(o)) for a, p, o in requests]
-    if any(r.prompt < 1 or r.output < 1 for r in reqs): raise ValueError("requests: prompt and output lengths must be >= 1")
+    if any(r.prompt < 1 or r.output < 1 for r in reqs):
+        raise ValueError("requests: prompt and output lengths must be >= 1")
     kw = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
               enable_chunked_prefill=enable_chunked_prefill)
     decode = SimEngine(step, **kw, per_token_s=per_token_s)
@@ -123,7 +126,8 @@ def summarize_sim(reqs: list[SimRequest]) -> dict:
     for name, x in (("ttft", ttft), ("itl", itl), ("tpot", tpot)):
         x = x * 1e3 if len(x) else np.zeros(1)
         out |= {f"median_{name}_ms": float(np.median(x)), f"p99_{name}_ms": float(np.percentile(x, 99))}
-    out |= {"p999_itl_ms": float(np.percentile(itl * 1e3, 99.9)) if len(itl) else 0.0}   # the tail a rare long prefill makes
+    # p99.9: the tail a rare long prefill makes
+    out |= {"p999_itl_ms": float(np.percentile(itl * 1e3, 99.9)) if len(itl) else 0.0}
     return out
 
 # %% ../../nbs/74_step_sim.ipynb #fe8d135a
@@ -132,7 +136,8 @@ def mixed_workload(n: int = 400, rate: float = 4.0, short=(64, 512), long=(6000,
     "[(arrival, prompt, output)]: Poisson arrivals at `rate`/s, a `long_fraction` of long prompts among short ones."
     rng = np.random.default_rng(seed)
     arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate, n - 1))])
-    lens = np.where(rng.random(n) < long_fraction, rng.integers(long[0], long[1] + 1, n), rng.integers(short[0], short[1] + 1, n))
+    is_long = rng.random(n) < long_fraction
+    lens = np.where(is_long, rng.integers(long[0], long[1] + 1, n), rng.integers(short[0], short[1] + 1, n))
     return [(float(a), int(p), output) for a, p in zip(arrivals, lens)]
 
 def compare_modes(step: StepTimeModel, requests, chunk: int = 512, budget: int = 8192, transfer_s=lambda p: 0.0,
@@ -164,7 +169,7 @@ def measure_steps(engine, prompt_lens=(16, 64, 256, 768, 1536), batches=(1, 4, 1
             rows.append(dict(kind="prefill", num_tokens=L, sum_sq_len=L * L, step_time_s=dt)); _drain(engine, [rid])
     for C in contexts:
         for B in batches:
-            rids = [engine.add_request(_rand(engine, C, g), greedy(64 + reps)) for _ in range(B)]   # outlive the prefills
+            rids = [engine.add_request(_rand(engine, C, g), greedy(64 + reps)) for _ in range(B)]   # outlive prefills
             while any(engine.requests[r].num_output_tokens == 0 for r in rids): engine.step()   # all prefilled
             for _ in range(reps + 2):
                 ctx = sum(engine.requests[r].num_tokens for r in rids)

@@ -45,7 +45,8 @@ class VllmPeer:
     command per line (the protocol is in `tools/vllm_peer.py`); `close()` (or `with`) ends it."""
     def __init__(self, python: str, script: str, model_dir: str, max_num_seqs: int = 256, timeout: float = 900):
         import subprocess
-        if not Path(python).exists(): raise FileNotFoundError(f"{python}: no vLLM environment (run `make bench-vllm`)")
+        if not Path(python).exists():
+            raise FileNotFoundError(f"{python}: no vLLM environment (run `make bench-vllm`)")
         if not Path(script).exists(): raise FileNotFoundError(f"{script}: the vLLM peer script is missing")
         self.timeout, self._buf = timeout, b""
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "TOKENIZERS_PARALLELISM": "false"}
@@ -62,7 +63,8 @@ class VllmPeer:
         while True:                                       # skip any stray line: the answer is one JSON object
             while b"\n" not in self._buf:                 # raw reads: a buffered reader would hide lines from select
                 if not sel.select(max(0.0, deadline - time.monotonic())):
-                    self.close(); raise TimeoutError(f"vLLM peer: no answer to {cmd['cmd']!r} within {self.timeout:.0f} s")
+                    self.close()
+                    raise TimeoutError(f"vLLM peer: no answer to {cmd['cmd']!r} within {self.timeout:.0f} s")
                 chunk = os.read(fd, 1 << 16)
                 if not chunk: raise RuntimeError(f"vLLM peer exited (code {self.proc.poll()}) during {cmd['cmd']!r}")
                 self._buf += chunk
@@ -85,12 +87,12 @@ class VllmPeer:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
-
 # %% ../../nbs/71_vs_vllm.ipynb #fd94f2e1
 def inferlab_startup(model_dir, timeout: float = 300) -> float:
     "Seconds from a fresh process's start (before importing inferlab) to the first generated token on `model_dir`."
     prog = ("import time; t0 = time.perf_counter()\n"
-            "import torch\nfrom inferlab.model.model import load_model\nfrom inferlab.engine.llm_engine import LLMEngine\n"
+            "import torch\nfrom inferlab.model.model import load_model\n"
+            "from inferlab.engine.llm_engine import LLMEngine\n"
             "from inferlab.model.sampling import SamplingParams\n"
             f"e = LLMEngine(load_model({str(model_dir)!r}, dtype=torch.float32), None)\n"
             "e.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))\n"
@@ -117,7 +119,8 @@ def vs_vllm(python: str, script: str, rounds: int = 2, seed: int = 0, models=("t
             model = load_model(d, dtype=torch.float32)
             scale = 1.0 if name == "tiny-dense" else 0.5
             workloads = bench_workloads(seed, scale, vocab=model.config.vocab_size)
-            engine = lambda n: LLMEngine(model, None, EngineConfig(max_num_seqs=n, kv_cache_memory=KV_CACHE_GIB * 2**30))
+            kv = KV_CACHE_GIB * 2**30
+            engine = lambda n: LLMEngine(model, None, EngineConfig(max_num_seqs=n, kv_cache_memory=kv))
             with VllmPeer(python, script, d) as peer:
                 ours_start = inferlab_startup(d)
                 row(name, "start to first token", peer.started["ttft_s"], ours_start, "s (ratio: vLLM's / ours)", True)
@@ -132,12 +135,14 @@ def vs_vllm(python: str, script: str, rounds: int = 2, seed: int = 0, models=("t
                 ours, theirs = [], []
                 for _ in range(rounds + 1):
                     ours.append(inferlab_decode_rate(engine(1), prompt, n)); theirs.append(peer.decode_rate(prompt, n))
-                row(name, f"batch-1 decode (median of {rounds + 1})", statistics.median(theirs), statistics.median(ours), "tok/s")
+                row(name, f"batch-1 decode (median of {rounds + 1})", statistics.median(theirs),
+                    statistics.median(ours), "tok/s")
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="inferlab bench-vllm", description="inferlab vs vLLM's CPU backend (make bench-vllm)")
+    ap = argparse.ArgumentParser(prog="inferlab bench-vllm",
+                                 description="inferlab vs vLLM's CPU backend (make bench-vllm)")
     ap.add_argument("--python", default=".venv-vllm/bin/python", help="the Python of the environment with vllm-cpu")
     ap.add_argument("--peer", default="tools/vllm_peer.py", help="the peer script that environment runs")
     ap.add_argument("--rounds", type=int, default=2)
