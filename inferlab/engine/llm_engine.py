@@ -39,6 +39,7 @@ class EngineConfig:
     policy: str = "fcfs"
     pack_weights: bool = True                  # fused q/k/v and gate/up, K-major on CPU (chapter 15)
     kv_cache_dtype: str | None = None          # "fp8" (E4M3) or "int8" KV blocks with per-head scales (chapter 13)
+    enforce_eager: bool = False                # True: no CUDA graphs for decode steps (chapter 15b)
 
     def __post_init__(self):
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -51,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks: must be an integer >= 1 or None, got {self.num_kv_blocks!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len: must be an integer >= 2 or None, got {self.max_model_len!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager: must be True or False, got {self.enforce_eager!r}")
         SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill, self.policy)
 
 # %% ../../nbs/16_llm_engine.ipynb #024af896
@@ -158,7 +161,8 @@ class LLMEngine:
 
     def make_runner(self, num_blocks: int, kv_scales=None):
         "The runner this engine steps: one process's `ModelRunner` here; rank 0 of a parallel group in chapter 43."
-        return ModelRunner(self.model, num_blocks, self.config.block_size, self.config.kv_cache_dtype, kv_scales)
+        return ModelRunner(self.model, num_blocks, self.config.block_size, self.config.kv_cache_dtype, kv_scales,
+                           enforce_eager=self.config.enforce_eager)
 
     @classmethod
     def from_pretrained(cls, model=None, dtype=None, device=None, **config) -> "LLMEngine":
