@@ -141,31 +141,46 @@ def check_graphs(ctx: Ctx):
 
 def check_greedy(ctx: Ctx):
     """tiny-dense's greedy tokens through `LLM` on the device (fp32, with CUDA graphs and eager) against the CPU
-    engine's: identical sequences, or the first position where they part."""
+    engine's: identical sequences, or the first position where they part and how close the CPU model's two
+    candidates were there (a near-tie flipped by summation order, or a real difference)."""
     from inferlab.llm import LLM
+    from inferlab.model.model import load_model
     from inferlab.model.sampling import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=8 if ctx.smoke else 48, ignore_eos=True)
     prompts = PROMPTS[:3] if ctx.smoke else PROMPTS
     def tokens(**kw):
         llm = LLM(dtype=torch.float32, **small_kv(ctx), **kw)
-        try: return [o.token_ids for o in llm.generate(prompts, params)], llm.engine.runner.graphs_off
+        try: return [o.token_ids for o in llm.generate(prompts, params)], llm.engine.runner.graphs_off, llm.tokenizer
         finally: del llm; free(ctx)
-    cpu, _ = tokens(device="cpu")
+    cpu, _, tok = tokens(device="cpu")
     runs = {"CUDA graphs": tokens(device=ctx.device.type), "eager": tokens(device=ctx.device.type, enforce_eager=True)}
-    for name, (toks, off) in runs.items():
-        yield same_tokens(f"{ctx.device.type} ({name}) = CPU", toks, cpu, off)
-    yield same_tokens(f"{ctx.device.type}: CUDA graphs = eager", runs["CUDA graphs"][0], runs["eager"][0], None)
+    reference = []                                  # the CPU model, loaded only if some sequence parts
+    def gap(i: int, p: int, got: list, want: list) -> float:
+        "CPU logit of the CPU's token minus that of the other's, at position p of sequence i."
+        if not reference: reference.append(load_model(dtype=torch.float32, device="cpu"))
+        ids = torch.tensor([tok.encode(prompts[i]) + want[i][:p]])
+        with torch.inference_mode(): logits = reference[0](ids)[0, -1]
+        return (logits[want[i][p]] - logits[got[i][p]]).item()
+    for name, (toks, off, _) in runs.items():
+        yield same_tokens(f"{ctx.device.type} ({name}) = CPU", toks, cpu, off, gap)
+    yield same_tokens(f"{ctx.device.type}: CUDA graphs = eager", runs["CUDA graphs"][0], runs["eager"][0], None, None)
 
 
-def same_tokens(case: str, got: list, want: list, graphs_off) -> Row:
+def same_tokens(case: str, got: list, want: list, graphs_off, gap=None) -> Row:
+    "Sequences `got` against `want`: how many are identical, where the first pair parts (and the CPU's logit gap)."
     equal = sum(a == b for a, b in zip(got, want))
     first = next(((i, next((p for p, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
                   for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    figs = dict(equal=equal, sequences=len(want), first_divergence=first, graphs_off=graphs_off)
     text = f"{equal}/{len(want)} sequences identical ({sum(map(len, want))} tokens)"
-    if first: text += f"; sequence {first[0]} parts at token {first[1]}"
+    if first:
+        text += f"; sequence {first[0]} parts at token {first[1]}"
+        i, p = first
+        if gap is not None and p < min(len(got[i]), len(want[i])):
+            figs["cpu_logit_gap"] = g = gap(i, p, got, want)
+            text += f" (the CPU model's logits there differ by {g:.2e}: {'a near-tie' if abs(g) < 1e-3 else 'no tie'})"
     if graphs_off: text += f"  (graphs off: {graphs_off})"
-    return Row("greedy", case, bool(equal == len(want) and len(got) == len(want)),
-               dict(equal=equal, sequences=len(want), first_divergence=first, graphs_off=graphs_off), text)
+    return Row("greedy", case, bool(equal == len(want) and len(got) == len(want)), figs, text)
 
 
 def model_for(ctx: Ctx) -> tuple:
