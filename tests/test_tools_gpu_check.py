@@ -46,7 +46,8 @@ def test_cpu_smoke_runs_every_check(gc, tmp_path, capsys):
     assert len(mbu) == 1 and mbu[0]["goal_met"] is None and mbu[0]["figures"]["tok_s"] > 0   # timings: no verdict
     assert {g["check"] for g in r["goals"]} == {"decode", "decode_1b"} and all(g["met"] is None for g in r["goals"])
     text = (tmp_path / "gpu_check.txt").read_text()
-    assert "check       status" in text and text.rstrip().splitlines()[-1].startswith(f"{len(gc.CHECKS)} checks in")
+    last = text.rstrip().splitlines()[-2:]
+    assert "check       status" in text and last[0].startswith(f"{len(gc.CHECKS)} checks in") and "report:" in last[1]
 
 
 @needs_interpreter

@@ -98,7 +98,7 @@ def headline(res: dict) -> str:
     for r in rows:
         if r["goal"]:
             got = r["figures"].get("pct_of_copy", r["figures"].get("mbu_pct"))
-            parts.append(f"{r['case'][:40]}: {got:.0f}% (goal {r['goal']}: "
+            parts.append(f"{r['case'][:40]}: {'?' if got is None else f'{got:.0f}'}% (goal {r['goal']}: "
                          f"{'n/a' if r['goal_met'] is None else 'met' if r['goal_met'] else 'MISSED'})")
     if res["error"]: parts.append(res["error"].splitlines()[0][:80])
     return "; ".join(parts)
@@ -191,6 +191,7 @@ def main(argv=None) -> int:
          + ", ".join(f"{n} {s}" for s, n in report["summary"].items() if n)
          + (f"; goals missed: {', '.join(g['check'] for g in goals if g['met'] is False)}"
             if any(g["met"] is False for g in goals) else ""))
+    echo(f"report: {out / 'gpu_check.json'} and gpu_check.txt")
     write_report(out, report, log)
     return 1 if bad else 0
 
