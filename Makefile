@@ -48,12 +48,15 @@ bench-vllm: install-dev
 	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec; }
 	$(BIN)/inferlab bench-vllm --python $(VLLM_VENV)/bin/python --peer tools/vllm_peer.py
 
-## gpu-check: on a CUDA machine, every Triton kernel against its torch reference, with timings (< 5 minutes)
-# (PyPI's Linux torch wheels are CUDA builds: on a GPU machine the default TORCH_SPEC gets one.)
-gpu-check: $(BIN)/python
-	$(PIP) install "$(TORCH_SPEC)" "triton>=3.0"
-	$(PIP) install -e .
-	$(BIN)/python tools/gpu_check.py
+## gpu-check: on a GPU machine whose python3 already has torch (CUDA) and triton: no venv, no pip, nothing downloaded.
+## Every Triton kernel against its torch reference, paged decode attention against the measured copy bandwidth, CUDA
+## graphs against eager, batch-1 MBU of a random-weight 1B Llama (graphs on and off), offline throughput, GPU = CPU
+## greedy tokens; each check in its own process, < 5 minutes. Report: gpu_check.json + gpu_check.txt in $OUT when
+## set (the device tool brings it back), else gpu_check_out/. GPU_CHECK_ARGS=--cpu-smoke: tiny shapes on CPU.
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 export: install-dev
 	$(BIN)/nbdev-export

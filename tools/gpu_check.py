@@ -1,363 +1,199 @@
-#!/usr/bin/env python
-"""GPU check: every Triton kernel against its torch reference on realistic shapes, with times and rooflines.
+#!/usr/bin/env python3
+"""GPU check: every Triton kernel against its torch reference on realistic shapes, decode against the HBM roofline,
+CUDA graphs, batch-1 MBU of a 1B-class Llama, offline throughput, and GPU = CPU greedy tokens.
 
-    python tools/gpu_check.py                      # all checks on the first CUDA device (H200 peak: 4800 GB/s)
-    python tools/gpu_check.py --peak-gbps 3350     # another GPU's peak memory bandwidth (H100 SXM)
-    python tools/gpu_check.py --only decode,store_kv
-    python tools/gpu_check.py --only decode_kv8               # decode over fp8 / int8 KV blocks
-    python tools/gpu_check.py --only w4a16,w8a16,w8a8,nvfp4   # the quantized matmuls (chapter 24)
-    python tools/gpu_check.py --interpret-smoke    # no GPU: the same code on tiny shapes in Triton's interpreter
+    make gpu-check                                  # = PYTHONPATH=. python3 tools/gpu_check.py (no venv, no pip)
+    python3 tools/gpu_check.py --only decode,prefill
+    python3 tools/gpu_check.py --cpu-smoke          # no GPU: every check on tiny shapes on CPU (Triton's interpreter)
 
-Each check prints one line per case: max |kernel - reference|, PASS/FAIL against the dtype's tolerance, the kernel's
-and the reference's time (CUDA events, after warm-up) and what the kernel achieves against the device's roofline
-(GB/s for memory-bound kernels, TFLOP/s for compute-bound ones). Exit status: 0 all pass, 1 a case failed, 2 no CUDA.
+It needs only a Python that already has torch (with CUDA) and triton, and the working tree on PYTHONPATH: nothing is
+installed or downloaded. Each check runs in its own process on a GPU (a kernel that corrupts the CUDA context, hangs
+or crashes costs only its own check, whose error goes in the report), within a time budget (default 290 s in all).
+The report goes to $OUT when that variable is set (the device tool brings that folder back), else to gpu_check_out/:
+gpu_check.json (every figure) and gpu_check.txt (what was printed, ending with the summary table).
 
-A new kernel (e.g. a quantized matmul) adds one function decorated with `@check("name")` that yields `Row`s; see
-`check_decode` for the pattern. The whole run is sized to finish in well under 5 minutes on one GPU.
+Rows: PASS/FAIL (a case checked against its reference or its condition) or INFO (a measurement); a performance goal
+is reported met or MISSED but does not fail the run (timings in the smoke run mean nothing: goals read n/a there).
+Exit status: 0 nothing failed, 1 a case failed, a check raised, timed out or was skipped (the time budget was spent),
+2 no CUDA (without --cpu-smoke).
 """
 from __future__ import annotations
-import argparse
 import os
 import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
-if "--interpret-smoke" in sys.argv:       # Triton reads this when first imported: before anything imports it
+SMOKE_FLAGS = ("--cpu-smoke", "--interpret-smoke")
+if any(f in sys.argv for f in SMOKE_FLAGS):    # Triton reads this when first imported: before anything imports it
     os.environ["TRITON_INTERPRET"] = "1"
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+import argparse
+import datetime
+import json
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(ROOT), str(HERE)):               # the working tree's inferlab, and this folder's gpu_checks
+    if p not in sys.path: sys.path.insert(0, p)
 import torch
 from inferlab.model.hardware import H200      # the default peaks: chapter 09's datasheet table
+from gpu_checks.common import Ctx, Row
+from gpu_checks import kernels, engine
 
-TOL = {torch.float32: 1e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}   # max abs error; outputs reach ~4, where
-                                                                          # a bf16 ulp is 0.03 and an fp16 ulp 0.004
-
-
-@dataclass
-class Ctx:
-    "What every check gets: the device, the rooflines, and whether this is the tiny CPU smoke run."
-    device: torch.device
-    peak_gbps: float
-    peak_tflops: float
-    smoke: bool
-
-    def time_ms(self, fn, warmup: int = 3, iters: int = 10) -> float:
-        "Mean milliseconds per call of `fn` (CUDA events on a GPU; one wall-clock call in the smoke run)."
-        if self.smoke:
-            t = time.perf_counter(); fn(); return (time.perf_counter() - t) * 1e3
-        for _ in range(warmup): fn()
-        torch.cuda.synchronize(self.device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters): fn()
-        end.record(); torch.cuda.synchronize(self.device)
-        return start.elapsed_time(end) / iters
+CHECKS = {**kernels.CHECKS, **engine.CHECKS}   # run in this order: the copy first (the roofline of the rest)
+TIMEOUT_S = {"copy": 60, "graphs": 90, "greedy": 120, "decode_1b": 150, "throughput": 150}   # others: 90 s
 
 
-@dataclass
-class Row:
-    "One checked case."
-    check: str
-    case: str
-    dtype: torch.dtype
-    max_err: float
-    tol: float
-    kernel_ms: float
-    ref_ms: float
-    gbps: float | None = None       # achieved bytes / kernel time (memory-bound kernels)
-    tflops: float | None = None     # achieved FLOPs / kernel time (compute-bound kernels)
-    note: str = ""                  # anything else worth printing (e.g. the time of an unquantized baseline)
-
-    @property
-    def passed(self) -> bool: return self.max_err <= self.tol      # NaN fails
-
-    def line(self, ctx: Ctx) -> str:
-        dt = str(self.dtype).replace("torch.", "")
-        s = (f"{'PASS' if self.passed else 'FAIL'}  {self.check:9} {self.case:44} {dt:8} err {self.max_err:8.1e} "
-             f"(tol {self.tol:.0e})  kernel {self.kernel_ms:8.3f} ms  torch {self.ref_ms:8.3f} ms "
-             f"({self.ref_ms / max(self.kernel_ms, 1e-9):5.1f}x)")
-        if self.gbps is not None: s += f"  {self.gbps:7.0f} GB/s = {self.gbps / ctx.peak_gbps:4.0%} of peak"
-        if self.tflops is not None: s += f"  {self.tflops:6.1f} TFLOP/s = {self.tflops / ctx.peak_tflops:4.0%} of peak"
-        return s + self.note
+def default_out() -> Path:
+    return Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "gpu_check_out"
 
 
-CHECKS: dict = {}
-
-def check(name: str):
-    "Register a check: a function `(ctx) -> iterable of Row`."
-    def register(fn): CHECKS[name] = fn; return fn
-    return register
-
-
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float: return (a.float() - b.float()).abs().max().item()
-
-
-def copy_bandwidth_gbps(ctx: Ctx) -> float:
-    "Measured device-to-device copy bandwidth: bytes read + written per second."
-    n = (1 << 12) if ctx.smoke else (1 << 30)                 # 1 GiB on the GPU
-    src = torch.empty(n, dtype=torch.uint8, device=ctx.device)
-    dst = torch.empty_like(src)
-    ms = ctx.time_ms(lambda: dst.copy_(src), warmup=3, iters=20)
-    return 2 * n / (ms * 1e-3) / 1e9
+def run_check(name: str, ctx: Ctx, echo=print) -> dict:
+    "One check in this process: its rows (printed as they come), status, seconds, and the error if it raised."
+    t0, rows, error = time.perf_counter(), [], None
+    try:
+        for row in CHECKS[name](ctx):
+            rows.append(row.as_dict()); echo(row.line())
+    except Exception as e:                      # a crashing kernel is a failure, and the other checks still run
+        error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
+        echo(f"FAIL  {name:10} raised {type(e).__name__}: {e}")
+    status = ("error" if error else "fail" if any(r["status"] == "FAIL" for r in rows)
+              else "pass" if any(r["status"] == "PASS" for r in rows) else "info")
+    return dict(name=name, status=status, seconds=round(time.perf_counter() - t0, 2), rows=rows, error=error)
 
 
-def paged_inputs(ctx: Ctx, seq_lens: list[int], q_lens: list[int], hq: int, hkv: int, d: int, bs: int, dtype,
-                 seed: int = 0):
-    "Random queries and a paged pool (shuffled block ids, -1 padded tables) for the given lengths, on the device."
-    g = torch.Generator(device=ctx.device).manual_seed(seed)
-    n_blocks = [-(-L // bs) for L in seq_lens]
-    pool = sum(n_blocks) + 8
-    perm = torch.randperm(pool, device=ctx.device, generator=g).int()
-    tables = torch.full((len(seq_lens), max(n_blocks)), -1, dtype=torch.int32, device=ctx.device)
-    used = 0
-    for i, n in enumerate(n_blocks): tables[i, :n] = perm[used:used + n]; used += n
-    kc = torch.randn(pool, bs, hkv, d, device=ctx.device, generator=g).to(dtype)
-    vc = torch.randn(pool, bs, hkv, d, device=ctx.device, generator=g).to(dtype)
-    q = torch.randn(sum(q_lens), hq, d, device=ctx.device, generator=g).to(dtype)
-    cu = torch.tensor([0] + list(q_lens), device=ctx.device).cumsum(0).int()
-    return q, kc, vc, tables, cu, torch.tensor(seq_lens, dtype=torch.int32, device=ctx.device)
+def run_isolated(name: str, args: list[str], timeout: float, echo=print) -> dict:
+    """One check in a child process of this same script (`--child`), its output echoed line by line; a child that
+    dies, hangs past `timeout` or writes no result becomes an error result with the end of its output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result", str(result)] + args
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        t0, lines = time.perf_counter(), []
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        def pump():
+            for line in proc.stdout: lines.append(line.rstrip("\n")); echo(line.rstrip("\n"))
+        reader = threading.Thread(target=pump, daemon=True); reader.start()
+        try: rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill(); proc.wait(); rc = None
+        reader.join(timeout=5)
+        if result.exists() and rc == 0: return json.loads(result.read_text())
+        why = f"timed out after {timeout:.0f} s" if rc is None else f"its process exited with status {rc}"
+        partial = json.loads(result.read_text()).get("rows", []) if result.exists() else []
+        echo(f"FAIL  {name:10} {why}")
+        return dict(name=name, status="error", seconds=round(time.perf_counter() - t0, 2), rows=partial,
+                    error=why + "\n" + "\n".join(lines[-40:]))
 
 
-def ragged_lengths(ctx: Ctx, n: int, lo: int, hi: int, seed: int = 0) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+def headline(res: dict) -> str:
+    "One summary line per check: its cases, and its goals met or missed."
+    rows = res["rows"]
+    n_pass, n_fail = sum(r["status"] == "PASS" for r in rows), sum(r["status"] == "FAIL" for r in rows)
+    parts = [f"{n_pass} pass, {n_fail} fail" if n_pass + n_fail else f"{len(rows)} rows"]
+    for r in rows:
+        if r["goal"]:
+            got = r["figures"].get("pct_of_copy", r["figures"].get("mbu_pct"))
+            parts.append(f"{r['case'][:40]}: {'?' if got is None else f'{got:.0f}'}% (goal {r['goal']}: "
+                         f"{'n/a' if r['goal_met'] is None else 'met' if r['goal_met'] else 'MISSED'})")
+    if res["error"]: parts.append(res["error"].splitlines()[0][:80])
+    return "; ".join(parts)
 
 
-# ------------------------------------------------------------------------------------------------------- the checks
-
-@check("store_kv")
-def check_store_kv(ctx: Ctx):
-    from inferlab.engine.paged_attention import store_kv_reference
-    from inferlab.engine.triton_attention import store_kv_triton
-    T, hkv, d, bs = (40, 2, 32, 16) if ctx.smoke else (16384, 8, 128, 16)
-    for dtype in (torch.bfloat16, torch.float32):
-        pool = T // bs + 4
-        kc, vc = (torch.zeros(pool, bs, hkv, d, dtype=dtype, device=ctx.device) for _ in range(2))
-        kc2, vc2 = kc.clone(), vc.clone()
-        k, v = (torch.randn(T, hkv, d, device=ctx.device).to(dtype) for _ in range(2))
-        slots = torch.randperm(pool * bs, device=ctx.device)[:T]
-        slots[::7] = -1                                           # tokens not to write
-        store_kv_reference(k, v, kc, vc, slots); store_kv_triton(k, v, kc2, vc2, slots)
-        err = max(max_err(kc, kc2), max_err(vc, vc2))
-        ms = ctx.time_ms(lambda: store_kv_triton(k, v, kc2, vc2, slots))
-        ref_ms = ctx.time_ms(lambda: store_kv_reference(k, v, kc, vc, slots))
-        moved = 2 * 2 * T * hkv * d * k.element_size()              # K and V, read and written
-        yield Row("store_kv", f"{T} tokens, Hkv {hkv}, D {d}", dtype, err, 0.0, ms, ref_ms,
-                  gbps=moved / (ms * 1e-3) / 1e9)
+def write_report(out: Path, report: dict, log: list[str]):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "gpu_check.txt").write_text("\n".join(log) + "\n")
 
 
-def decode_cases(ctx: Ctx):
-    "(name, seq_lens, hq, hkv, d, block size, window, splits); splits None = the kernel's own choice."
-    if ctx.smoke:
-        return [("ragged, group 2", [1, 16, 45], 4, 2, 32, 16, None, None),
-                ("group 4, block 32, window 20", [50, 7], 4, 1, 64, 32, 20, 2)]
-    return [("B=64 ctx 1-4k ragged, Hq 32 Hkv 8 D 128", ragged_lengths(ctx, 64, 1, 4096), 32, 8, 128, 16, None, None),
-            ("B=64 ctx 4096, Hq 32 Hkv 8 D 128", [4096] * 64, 32, 8, 128, 16, None, None),
-            ("B=4 ctx 4096 (split-K)", [4096] * 4, 32, 8, 128, 16, None, None),
-            ("B=64 ctx 1-4k, block 32, window 1024", ragged_lengths(ctx, 64, 1, 4096, 1), 32, 8, 128, 32, 1024, None),
-            ("B=64 ctx 1-2k, Hq 8 Hkv 4 D 64 (no GQA pad)", ragged_lengths(ctx, 64, 1, 2048, 2), 8, 8, 64, 16, None, None)]
-
-
-@check("decode")
-def check_decode(ctx: Ctx):
-    from inferlab.engine.paged_attention import paged_decode_reference
-    from inferlab.engine.triton_attention import paged_decode_triton, decode_num_splits
-    for name, lens, hq, hkv, d, bs, window, splits in decode_cases(ctx):
-        for dtype in (torch.bfloat16, torch.float32):
-            q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, dtype)
-            args = (q, kc, vc, bt, sl, d ** -0.5, window)
-            out = paged_decode_triton(*args, num_splits=splits)
-            err = max_err(out, paged_decode_reference(*args))
-            ms = ctx.time_ms(lambda: paged_decode_triton(*args, num_splits=splits))
-            ref_ms = ctx.time_ms(lambda: paged_decode_reference(*args), iters=3)
-            read = [min(L, window) if window else L for L in lens]
-            moved = 2 * sum(read) * hkv * d * kc.element_size() + 2 * q.numel() * q.element_size()
-            n_split = splits or decode_num_splits(len(lens), hkv, bt.shape[1] * bs, q.device)
-            yield Row("decode", f"{name}, {n_split} split{'s' * (n_split > 1)}", dtype, err, TOL[dtype], ms, ref_ms,
-                      gbps=moved / (ms * 1e-3) / 1e9)
-
-
-@check("decode_kv8")
-def check_decode_kv8(ctx: Ctx):
-    "Paged decode over 8-bit KV blocks (fp8 E4M3 needs sm89+, int8 any GPU): codes x per-head scale on read."
-    from inferlab.engine.paged_attention import paged_decode_reference, kv_quantize, kv_scale
-    from inferlab.engine.triton_attention import paged_decode_triton
-    name, lens, hq, hkv, d, bs, window, splits = decode_cases(ctx)[0]
-    for code in (torch.float8_e4m3fn, torch.int8):
-        q, kc, vc, bt, _, sl = paged_inputs(ctx, lens, [1] * len(lens), hq, hkv, d, bs, torch.bfloat16)
-        ks, vs = kv_scale(kc, code), kv_scale(vc, code)
-        kq, vq = (kv_quantize(t.view(-1, hkv, d), s, code).view(t.shape) for t, s in ((kc, ks), (vc, vs)))
-        kn, vn = (torch.randn(len(lens), hkv, d, device=ctx.device).to(torch.bfloat16) for _ in range(2))
-        args = (q, kq, vq, bt, sl, d ** -0.5, window, ks, vs, kn, vn)
-        out = paged_decode_triton(*args, num_splits=splits)
-        err = max_err(out, paged_decode_reference(*args[:7], None, *args[7:]))
-        ms = ctx.time_ms(lambda: paged_decode_triton(*args, num_splits=splits))
-        ref_ms = ctx.time_ms(lambda: paged_decode_reference(*args[:7], None, *args[7:]), iters=3)
-        moved = 2 * sum(lens) * hkv * d * 1 + 2 * q.numel() * q.element_size()
-        yield Row("decode_kv8", f"{name}, {str(code).replace('torch.', '')} blocks", torch.bfloat16, err,
-                  TOL[torch.bfloat16], ms, ref_ms, gbps=moved / (ms * 1e-3) / 1e9)
-
-
-def prefill_cases(ctx: Ctx):
-    "(name, seq_lens, q_lens, hq, hkv, d, block size, window)."
-    if ctx.smoke:
-        return [("cached prefix + full, group 2", [37, 20], [5, 20], 4, 2, 32, 16, None),
-                ("window 9", [40], [40], 2, 1, 64, 32, 9)]
-    return [("4 x 2k full prompts, Hq 32 Hkv 8 D 128", [2048] * 4, [2048] * 4, 32, 8, 128, 16, None),
-            ("chunks after cached prefixes (1-4k)", [4096, 3000, 1500, 1024], [512, 1000, 1500, 256], 32, 8, 128, 16,
-             None),
-            ("2 x 4k, block 32, window 1024", [4096, 4096], [4096, 2048], 32, 8, 128, 32, 1024)]
-
-
-def prefill_flops(seq_lens, q_lens, hq, d, window) -> float:
-    "Useful FLOPs (q k^T and p v) of the causal, windowed attention: 4 * visible keys * Hq * D per query."
-    total = 0
-    for L, n in zip(seq_lens, q_lens):
-        for p in range(L - n, L):
-            total += min(p + 1, window) if window else p + 1
-    return 4.0 * total * hq * d
-
-
-@check("prefill")
-def check_prefill(ctx: Ctx):
-    from inferlab.engine.paged_attention import paged_prefill_reference
-    from inferlab.engine.triton_attention import paged_prefill_triton
-    for name, lens, q_lens, hq, hkv, d, bs, window in prefill_cases(ctx):
-        flops = prefill_flops(lens, q_lens, hq, d, window)
-        for dtype in (torch.bfloat16, torch.float32):
-            q, kc, vc, bt, cu, sl = paged_inputs(ctx, lens, q_lens, hq, hkv, d, bs, dtype)
-            args = (q, kc, vc, bt, cu, sl, d ** -0.5, window)
-            out = paged_prefill_triton(*args)
-            err = max_err(out, paged_prefill_reference(*args))
-            ms = ctx.time_ms(lambda: paged_prefill_triton(*args))
-            ref_ms = ctx.time_ms(lambda: paged_prefill_reference(*args), iters=3)
-            yield Row("prefill", name, dtype, err, TOL[dtype], ms, ref_ms, tflops=flops / (ms * 1e-3) / 1e12)
-
-
-# ------------------------------------------------------------------------------- quantized matmuls (chapter 24)
-
-QTOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}   # max |kernel - ref| / max |ref|: a few
-                                                                           # ulps of the output dtype, at any K
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30)).item()
-
-
-def quant_cases(ctx: Ctx):
-    "(name, M, N, K): decode GEMVs of a 7-8B model's projections, and one prefill GEMM."
-    if ctx.smoke:
-        return [("M=1, N 48, K 200 (K tail)", 1, 48, 200), ("M=5, N 64, K 96", 5, 64, 96)]
-    return [("decode M=1, 4096x4096 (q/o)", 1, 4096, 4096), ("decode M=16, 4096x4096", 16, 4096, 4096),
-            ("decode M=1, 14336x4096 (up)", 1, 14336, 4096), ("decode M=16, 4096x14336 (down)", 16, 4096, 14336),
-            ("prefill M=2048, 4096x4096", 2048, 4096, 4096)]
-
-
-def quant_layer(ctx: Ctx, weights: str, N: int, K: int, activations=None, seed: int = 0):
-    "A QuantLinear quantized (round to nearest) on the device from random N(0, 0.02) weights."
-    from inferlab.quant.quantize import QuantLinear
-    torch.manual_seed(seed)
-    lin = torch.nn.Linear(K, N, bias=False, device=ctx.device)
-    with torch.no_grad(): lin.weight.normal_(0, 0.02)
-    return QuantLinear.from_linear(lin, weights, activations)
-
-
-def quant_rows(ctx: Ctx, check_name: str, weights: str, activations, kernel, reference):
-    "One Row per case and dtype: the kernel against its reference; decode in GB/s, prefill in TFLOP/s."
-    for name, M, N, K in quant_cases(ctx):
-        q = quant_layer(ctx, weights, N, K, activations)
-        w16 = None if ctx.smoke else q.dequantize().to(torch.bfloat16)   # the unquantized layer, for comparison
-        for dtype in ((torch.float32, torch.bfloat16) if ctx.smoke else (torch.bfloat16, torch.float16)):
-            x = torch.randn(M, K, device=ctx.device).to(dtype)
-            err = rel_err(kernel(q, x), reference(q, x))
-            ms = ctx.time_ms(lambda: kernel(q, x))
-            ref_ms = ctx.time_ms(lambda: reference(q, x), iters=3)
-            note = ""
-            if w16 is not None and dtype == torch.bfloat16:
-                bf_ms = ctx.time_ms(lambda: torch.nn.functional.linear(x, w16))
-                note = f"  | bf16 F.linear {bf_ms:.3f} ms: kernel {bf_ms / ms:.2f}x"
-            moved = q.nbytes() + x.numel() * x.element_size() + M * N * x.element_size()
-            prefill = M >= 256
-            yield Row(check_name, f"{weights}{' A:' + activations if activations else ''} {name}", dtype, err,
-                      QTOL[dtype], ms, ref_ms, gbps=None if prefill else moved / (ms * 1e-3) / 1e9,
-                      tflops=2 * M * N * K / (ms * 1e-3) / 1e12 if prefill else None, note=note)
-
-
-@check("w4a16")
-def check_w4a16(ctx: Ctx):
-    from inferlab.quant.kernels import w4a16_matmul_reference, w4a16_matmul_triton
-    for fmt in ("int4-g128", "int4-g32"):
-        yield from quant_rows(ctx, "w4a16", fmt, None,
-                              lambda q, x: w4a16_matmul_triton(x, q.qweight, q.scale, q.spec.group_size),
-                              lambda q, x: w4a16_matmul_reference(x, q.qweight, q.scale, q.spec.group_size))
-
-
-@check("w8a16")
-def check_w8a16(ctx: Ctx):
-    from inferlab.quant.kernels import w8a16_matmul_reference, w8a16_matmul_triton
-    for fmt in ("fp8", "int8"):
-        yield from quant_rows(ctx, "w8a16", fmt, None, lambda q, x: w8a16_matmul_triton(x, q.qweight, q.scale),
-                              lambda q, x: w8a16_matmul_reference(x, q.qweight, q.scale))
-
-
-@check("w8a8")
-def check_w8a8(ctx: Ctx):
-    """int8 x int8 -> int32 tensor cores; the kernel's time includes quantizing the activations (torch), and its
-    peak is the INT8 one, twice --peak-tflops (the printed % is against the bf16 peak)."""
-    from inferlab.quant.kernels import w8a8_matmul_reference, w8a8_matmul_triton
-    yield from quant_rows(ctx, "w8a8", "int8", "int8", lambda q, x: w8a8_matmul_triton(x, q.qweight, q.scale),
-                          lambda q, x: w8a8_matmul_reference(x, q.qweight, q.scale))
-
-
-@check("nvfp4")
-def check_nvfp4(ctx: Ctx):
-    from inferlab.quant.kernels import nvfp4_matmul_reference, nvfp4_matmul_triton
-    yield from quant_rows(ctx, "nvfp4", "nvfp4", None,
-                          lambda q, x: nvfp4_matmul_triton(x, q.qweight, q.scale, q.tensor_scale),
-                          lambda q, x: nvfp4_matmul_reference(x, q.qweight, q.scale, q.tensor_scale))
-
-
-# ------------------------------------------------------------------------------------------------------------- main
-
-def main(argv=None) -> int:
+def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--peak-gbps", type=float, default=H200.mem_gbps,
-                   help=f"peak memory bandwidth, GB/s (H200: {H200.mem_gbps:.0f})")
-    p.add_argument("--peak-tflops", type=float, default=H200.bf16_tflops,
-                   help=f"peak dense bf16 TFLOP/s (H200: {H200.bf16_tflops:.0f})")
     p.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(CHECKS)}")
-    p.add_argument("--interpret-smoke", action="store_true",
-                   help="no GPU needed: run every check on tiny shapes in Triton's interpreter (tests this script)")
+    p.add_argument("--cpu-smoke", "--interpret-smoke", dest="smoke", action="store_true",
+                   help="no GPU needed: every check on tiny shapes on CPU, Triton kernels in the interpreter")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: $OUT, else gpu_check_out/)")
+    p.add_argument("--workdir", default=None, help="scratch folder kept between checks (default: a temp folder)")
+    p.add_argument("--budget-s", type=float, default=290.0, help="seconds for all checks (a check past it is skipped)")
+    iso = p.add_mutually_exclusive_group()
+    iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                     help="each check in its own process (the default on a GPU)")
+    iso.add_argument("--no-isolate", dest="isolate", action="store_false", help="all checks in this process")
+    p.add_argument("--peak-gbps", type=float, default=H200.mem_gbps, help="datasheet memory bandwidth, GB/s")
+    p.add_argument("--peak-tflops", type=float, default=H200.bf16_tflops, help="datasheet dense bf16 TFLOP/s")
+    p.add_argument("--copy-gbps", type=float, default=None, help=argparse.SUPPRESS)   # from the parent's copy check
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     names = [n for n in a.only.split(",") if n] or list(CHECKS)
-    unknown = [n for n in names if n not in CHECKS]
+    unknown = [n for n in names + ([a.child] if a.child else []) if n not in CHECKS]
     if unknown: p.error(f"unknown check(s) {unknown}; known: {list(CHECKS)}")
-    if a.interpret_smoke:
+    return a, names
+
+
+def main(argv=None) -> int:
+    a, names = parse(argv)
+    if a.smoke:
         from inferlab.engine.triton_attention import interpreter_ready
-        if not interpreter_ready(): print("triton was imported before TRITON_INTERPRET=1 could be set"); return 2
-        ctx = Ctx(torch.device("cpu"), a.peak_gbps, a.peak_tflops, smoke=True)
-        print("interpreter smoke run: tiny shapes on the CPU; times and bandwidths mean nothing")
+        if not interpreter_ready():
+            print("gpu_check: triton was imported before TRITON_INTERPRET=1 could be set; run the script itself")
+            return 2
+        device = torch.device("cpu")
     elif not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible (torch.cuda.is_available() is False); nothing to check. "
-              "Run it on a GPU machine, or with --interpret-smoke for a tiny CPU run through Triton's interpreter.")
+        print("gpu_check: no CUDA device visible (torch.cuda.is_available() is False); nothing to check. Run it on a "
+              "GPU machine, or with --cpu-smoke for a tiny CPU run of every check.")
         return 2
-    else:
-        ctx = Ctx(torch.device("cuda"), a.peak_gbps, a.peak_tflops, smoke=False)
-        import triton
-        print(f"{torch.cuda.get_device_name(ctx.device)}, torch {torch.__version__}, triton {triton.__version__}; "
-              f"peak {a.peak_gbps:.0f} GB/s, {a.peak_tflops:.0f} TFLOP/s (bf16)")
-    copy = copy_bandwidth_gbps(ctx)
-    print(f"measured copy bandwidth: {copy:.0f} GB/s = {copy / a.peak_gbps:.0%} of the {a.peak_gbps:.0f} GB/s peak")
-    t0, failed, rows = time.perf_counter(), 0, 0
+    else: device = torch.device("cuda")
+    workdir = a.workdir or str(Path(tempfile.gettempdir()) / "inferlab_gpu_check")
+    ctx = Ctx(device, a.smoke, a.peak_gbps, a.peak_tflops, a.copy_gbps, workdir)
+    if a.child:                                  # one check, for the parent process that started this one
+        Path(a.result).write_text(json.dumps(run_check(a.child, ctx), default=str)); return 0
+
+    out, log = a.out or default_out(), []
+    isolate = (not a.smoke) if a.isolate is None else a.isolate
+    def echo(s: str): print(s, flush=True); log.append(s)
+    echo(f"gpu_check {'CPU smoke run: tiny shapes, timings mean nothing' if a.smoke else 'on ' + str(device)}; "
+         f"checks {', '.join(names)}; {'one process each' if isolate else 'one process'}; report -> {out}")
+    report = dict(tool="tools/gpu_check.py", mode="cpu-smoke" if a.smoke else "gpu",
+                  argv=sys.argv[1:] if argv is None else argv, python=sys.version.split()[0],
+                  started=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__,
+                  peak_gbps=a.peak_gbps, peak_tflops=a.peak_tflops, checks=[])
+    t0 = time.monotonic()
     for name in names:
-        try:
-            for row in CHECKS[name](ctx):
-                print(row.line(ctx), flush=True); rows += 1; failed += not row.passed
-        except Exception as e:                       # a crashing kernel is a failure, and the other checks still run
-            print(f"FAIL  {name:9} raised {type(e).__name__}: {e}", flush=True); failed += 1
-    print(f"{rows} cases, {failed} failed, {time.perf_counter() - t0:.0f} s")
-    return 1 if failed else 0
+        left = a.budget_s - (time.monotonic() - t0)
+        if left < 5:
+            res = dict(name=name, status="skipped", seconds=0, rows=[], error="the time budget was spent before it")
+            echo(f"SKIP  {name:10} the time budget ({a.budget_s:.0f} s) was spent")
+        elif isolate:
+            args = (["--cpu-smoke"] * a.smoke + ["--workdir", workdir, "--peak-gbps", str(a.peak_gbps),
+                     "--peak-tflops", str(a.peak_tflops)]
+                    + (["--copy-gbps", str(ctx.copy_gbps)] if ctx.copy_gbps else []))
+            res = run_isolated(name, args, min(TIMEOUT_S.get(name, 90), left), echo)
+        else: res = run_check(name, ctx, echo)
+        if name == "copy":                       # the measured roofline, for the checks after it
+            ctx.copy_gbps = next((r["figures"]["gbps"] for r in res["rows"] if "gbps" in r["figures"]), ctx.copy_gbps)
+        report["checks"].append(res)
+        report.update(copy_gbps=ctx.copy_gbps, seconds=round(time.monotonic() - t0, 1))
+        write_report(out, report, log)           # after every check: a run cut short still leaves its report
+
+    echo(f"\n{'check':11} {'status':7} {'time':>6}  summary")
+    for res in report["checks"]:
+        echo(f"{res['name']:11} {res['status'].upper():7} {res['seconds']:5.0f}s  {headline(res)}")
+    bad = [r["name"] for r in report["checks"] if r["status"] in ("fail", "error", "skipped")]
+    goals = [dict(check=r["check"], case=r["case"], goal=r["goal"], met=r["goal_met"], figures=r["figures"])
+             for res in report["checks"] for r in res["rows"] if r["goal"]]
+    report.update(goals=goals, failed=bad, summary={s: sum(r["status"] == s for r in report["checks"])
+                                                   for s in ("pass", "info", "fail", "error", "skipped")})
+    echo(f"{len(report['checks'])} checks in {time.monotonic() - t0:.0f} s: "
+         + ", ".join(f"{n} {s}" for s, n in report["summary"].items() if n)
+         + (f"; goals missed: {', '.join(g['check'] for g in goals if g['met'] is False)}"
+            if any(g["met"] is False for g in goals) else ""))
+    echo(f"report: {out / 'gpu_check.json'} and gpu_check.txt")
+    write_report(out, report, log)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

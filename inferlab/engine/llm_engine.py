@@ -1,4 +1,4 @@
-"""`LLMEngine` joins tokenizer, scheduler, block manager, model runner and sampler into `add_request` / `step` / `abort` — chapter 15b's engine interface — the loop every front end (the `LLM` API of chapter 17, the server of chapter 5x) drives. What runs the model and what proposes drafts are parts it is given, so one engine class serves one process, tensor-parallel ranks and speculation alike.
+"""`LLMEngine` joins tokenizer, scheduler, block manager, model runner and sampler into `add_request` / `step` / `abort` — chapter 15c's engine interface — the loop every front end (the `LLM` API of chapter 17, the server of chapter 5x) drives. What runs the model and what proposes drafts are parts it is given, so one engine class serves one process, tensor-parallel ranks and speculation alike.
 
 Docs: https://inferlab.github.io/inferlab/llm_engine.html.md"""
 
@@ -40,6 +40,7 @@ class EngineConfig:
     policy: str = "fcfs"
     pack_weights: bool = True                  # fused q/k/v and gate/up, K-major on CPU (chapter 15)
     kv_cache_dtype: str | None = None          # "fp8" (E4M3) or "int8" KV blocks with per-head scales (chapter 13)
+    enforce_eager: bool = False                # True: no CUDA graphs for decode steps (chapter 15b)
 
     def __post_init__(self):
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -54,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks: must be an integer >= 1 or None, got {n!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len: must be an integer >= 2 or None, got {self.max_model_len!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager: must be True or False, got {self.enforce_eager!r}")
         SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill, self.policy)
 
 # %% ../../nbs/16_llm_engine.ipynb #93b9c5ed
@@ -77,9 +80,10 @@ def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
     calib = torch.randint(1, model.config.vocab_size, (min(256, max_model_len - 1),), generator=g).tolist()
     return calibrate_kv_scales(model, calib, kv_cache_dtype)
 
-def local_runner(model, num_blocks: int, block_size: int, kv_cache_dtype=None, max_model_len: int = 2048) -> ModelRunner:
+def local_runner(model, num_blocks: int, config: EngineConfig, max_model_len: int) -> ModelRunner:
     "The default part that runs the model: this process's `ModelRunner` (chapter 15), its KV scales calibrated."
-    return ModelRunner(model, num_blocks, block_size, kv_cache_dtype, kv_scales_for(model, kv_cache_dtype, max_model_len))
+    scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
+    return ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype, scales, config.enforce_eager)
 
 # %% ../../nbs/16_llm_engine.ipynb #c5c2b1af
 class LLMEngine(Engine):
@@ -101,7 +105,7 @@ class LLMEngine(Engine):
         self.block_manager = BlockManager(n_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens,
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
-        self.runner = runner(self.model, n_blocks, ec.block_size, ec.kv_cache_dtype, self.max_model_len)
+        self.runner = runner(self.model, n_blocks, ec, self.max_model_len)
         self.speculator = speculator            # chapter 34 sets it after the engine exists (a draft sizes its pool from ours)
         self.kv_connector: KVConnector | None = None
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})

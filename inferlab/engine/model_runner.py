@@ -20,6 +20,7 @@ from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE
 from .triton_attention import attention_backend
 from .cpu_threads import CpuThreads
 from fastcore.basics import patch
+from .cuda_graphs import DecodeGraphs, graphs_unsupported
 from ..model.generate import KVCache
 from ..model.sampling import sample_rows, token_logprobs
 
@@ -281,8 +282,9 @@ class NumpyDecoder:
 class ModelRunner:
     "Runs scheduled batches through the model over a paged KV cache; samples the next tokens."
     def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str | None = None,
-                 kv_scales: tuple | None = None):
-        "`model` should already be packed (`pack_model`) if wanted; the runner uses it as given."
+                 kv_scales: tuple | None = None, enforce_eager: bool = False):
+        """`model` should already be packed (`pack_model`) if wanted; the runner uses it as given. `enforce_eager`:
+        no CUDA graphs (chapter 15b), every step launches its kernels one by one."""
         self.model, self.block_size = model, block_size
         self.device = model.device
         self.threads = CpuThreads() if self.device.type == "cpu" else None   # sizes torch's and BLAS's pools
@@ -293,6 +295,9 @@ class ModelRunner:
         self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model, self.kv_cache)
         # the most tokens a decode-only step may hold and stay on that path (a speculative engine fits its drafts to it)
         self.decode_path_tokens = SMALL_STEP_TOKENS if self.numpy_decoder is not None else None
+        # CUDA decode steps replay a graph per batch-size bucket (chapter 15b); `graphs_off` says why not
+        self.graphs_off = "enforce_eager" if enforce_eager else graphs_unsupported(model, self.kv_cache, self.attention)
+        self.cuda_graphs = None if self.graphs_off else DecodeGraphs(self.hidden_states, model, self.kv_cache)
 
     def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled positions
@@ -321,13 +326,18 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, ids, pos, meta: AttentionMetadata, logits_idx, sample: bool = True) -> tuple:
         "A packed step: (hidden `[R, hidden]`, logits `[R, vocab]` float32) of the sampled rows; each TP rank runs it (ch. 43)."
-        if self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
+        if self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
+            pass                                                                  # replayed (None: not a graph step)
+        elif self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
             h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
-        else:
-            h = self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), check_ids=False)[0]
+        else: h = self.hidden_states(ids, pos, meta)
         if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
         logits = self.model.lm_head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return h, logits
+
+    def hidden_states(self, ids, pos, meta: AttentionMetadata) -> torch.Tensor:
+        "The model's eager forward over a packed step: final-norm hidden states `[T, hidden]`."
+        return self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), check_ids=False)[0]
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     "One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's `sample_rows`)."

@@ -293,7 +293,7 @@ def send(self: ParallelRunner, op: int):
 def parallel_runner(parallel: ParallelConfig, threads: int, workers: list = ()):
     """The part that runs the model for rank 0's engine (chapter 16's `runner`): KV scales calibrated in step with
     the workers (`make_rank_runner`), then a `ParallelRunner`."""
-    def make(model, num_blocks: int, block_size: int, kv_cache_dtype=None, max_model_len: int = 2048):
-        scales = kv_scales_for(model, kv_cache_dtype, max_model_len)
-        return ParallelRunner(model, num_blocks, block_size, parallel, threads, workers, kv_cache_dtype, scales)
+    def make(model, num_blocks: int, config, max_model_len: int):
+        scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
+        return ParallelRunner(model, num_blocks, config.block_size, parallel, threads, workers, config.kv_cache_dtype, scales)
     return make

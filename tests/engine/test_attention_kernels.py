@@ -166,33 +166,7 @@ def test_store_then_attend_through_the_kernels():
     assert (dec - out[-1:]).abs().max() < TOL
 
 
-# ---------------------------------------------------------------- tools/gpu_check.py, whose real run needs a GPU
-
-def _gpu_check_module():
-    import importlib.util, sys
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = mod                         # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@needs_interpreter
-def test_gpu_check_smoke(capsys):
-    "Every check of the GPU script runs on tiny shapes in the interpreter and passes."
-    gc = _gpu_check_module()
-    assert set(gc.CHECKS) >= {"store_kv", "decode", "prefill"}
-    assert gc.main(["--interpret-smoke"]) == 0
-    out = capsys.readouterr().out
-    assert "FAIL" not in out and out.count("PASS") == 36 and "GB/s" in out and "TFLOP/s" in out
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the script would run for real")
-def test_gpu_check_without_cuda(capsys):
-    assert _gpu_check_module().main([]) == 2
-    assert "no CUDA device" in capsys.readouterr().out
+# tools/gpu_check.py's run of these kernels (tiny shapes in the interpreter): tests/test_tools_gpu_check.py
 
 def test_decode_reference_grouping_matches_one_group():
     "decode_plan's length groups (at most 2x padding) give the same attention as one padded group."

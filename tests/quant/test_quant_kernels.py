@@ -249,20 +249,4 @@ def test_roofline_numbers():
     with pytest.raises(ValueError, match="int8_tops"): GPUSpec(int8_tops=-1)
 
 
-# ------------------------------------------------------------------- tools/gpu_check.py's quantized-matmul checks
-
-@needs_interpreter
-def test_gpu_check_quant_smoke(capsys):
-    "The GPU script's quantized-matmul checks run on tiny shapes in the interpreter and pass (24 cases)."
-    import importlib.util, sys
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_check", path)
-    gc = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = gc                           # dataclasses look their module up there
-    spec.loader.exec_module(gc)
-    names = ["w4a16", "w8a16", "w8a8", "nvfp4"]
-    assert set(gc.CHECKS) >= set(names) | {"store_kv", "decode", "prefill"}
-    assert gc.main(["--interpret-smoke", "--only", ",".join(names)]) == 0
-    out = capsys.readouterr().out
-    assert "FAIL" not in out and out.count("PASS") == 24 and all(f"PASS  {n}" in out for n in names)
+# tools/gpu_check.py's quantized-matmul checks (tiny shapes in the interpreter): tests/test_tools_gpu_check.py
