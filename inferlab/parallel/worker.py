@@ -170,7 +170,8 @@ def make_rank_runner(model, engine_config, threads: int) -> ModelRunner:
     cfg = model.config
     max_len = min(cfg.max_position_embeddings, engine_config.max_model_len or cfg.max_position_embeddings)
     scales = kv_scales_for(model, engine_config.kv_cache_dtype, max_len)
-    runner = ModelRunner(model, recv_num_blocks(), engine_config.block_size, engine_config.kv_cache_dtype, scales)
+    runner = ModelRunner(model, recv_num_blocks(), engine_config.block_size, engine_config.kv_cache_dtype, scales,
+                         engine_config.enforce_eager)
     if runner.threads is not None: runner.threads = CpuThreads(threads)
     return runner
 

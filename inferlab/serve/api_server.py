@@ -236,7 +236,7 @@ async def _on_unexpected(request, e: Exception):
 # %% ../../nbs/54_api_server.ipynb #9f2a8fe0
 def create_app(engine, served_model_name: str | None = None, api_key: str | None = None, max_waiting: int = 512,
                defaults: dict | None = None, start_engine: bool = True) -> FastAPI:
-    """The OpenAI-compatible app over `engine` (any `Engine` of chapter 15b, built by the caller: `inferlab serve` uses the
+    """The OpenAI-compatible app over `engine` (any `Engine` of chapter 15c, built by the caller: `inferlab serve` uses the
     facade). Its engine loop starts now on a thread of its own (`start_engine=False`: `serve` runs it on the calling
     thread) and stops when the app shuts down."""
     name = served_model_name or str(engine.model_name).rstrip("/").split("/")[-1]

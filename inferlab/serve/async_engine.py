@@ -35,7 +35,7 @@ def _put_all(items):
 
 # %% ../../nbs/50_async_engine.ipynb #5f62a6be
 class AsyncLLMEngine:
-    """An engine (any `Engine`, chapter 15b) driven by its own thread: `await add_request(...)` (ValueError for a bad request, `QueueFull`
+    """An engine (any `Engine`, chapter 15c) driven by its own thread: `await add_request(...)` (ValueError for a bad request, `QueueFull`
     when `max_waiting` wait already), `generate(...)` streams `RequestOutput`s, `abort(id)` from anywhere.
     `observer` (optional) sees the engine and the outputs after every step, on the engine thread (metrics)."""
     def __init__(self, engine: Engine, max_waiting: int = 512, observer=None, start: bool = True):

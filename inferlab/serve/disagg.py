@@ -67,7 +67,7 @@ def _set_process_name(name: str):
     except Exception: pass
 
 def _pool(engine: Engine) -> dict:
-    "A worker's load figures for the router (chapter 15b's `stats()`)."
+    "A worker's load figures for the router (chapter 15c's `stats()`)."
     s = engine.stats()
     return dict(free=s["free_blocks"], blocks=s["num_blocks"], query=s["prefix_query_tokens"],
                 hits=s["prefix_hit_tokens"], running=s["num_running"], waiting=s["num_waiting"])

@@ -50,7 +50,7 @@ class ServerMetrics:
         self._moved = (0, 0)
 
     def observe_step(self, engine, outputs):
-        "After a step: the engine's load figures (chapter 15b's `stats()`, any kind of engine), then each output."
+        "After a step: the engine's load figures (chapter 15c's `stats()`, any kind of engine), then each output."
         now, s = time.perf_counter(), engine.stats()
         self.running.set(s["num_running"]); self.waiting.set(s["num_waiting"])
         self.kv_usage.set(1 - s["free_blocks"] / max(1, s["num_blocks"]))

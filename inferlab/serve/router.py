@@ -113,7 +113,7 @@ def start_workers(num_prefill: int, num_decode: int, worker_args: list[str] = ()
 
 # %% ../../nbs/58_router.ipynb #3819cfc5
 class DisaggRouter(Engine):
-    """The front end's engine for `--disaggregation xPyD`: an `Engine` (chapter 15b) whose model runs in prefill and
+    """The front end's engine for `--disaggregation xPyD`: an `Engine` (chapter 15c) whose model runs in prefill and
     decode worker processes. `worker_args`: the engine flags every worker is started with (chapter 08)."""
     def __init__(self, model=None, num_prefill: int = 1, num_decode: int = 1, *, worker_args: list[str] = (),
                  max_local_prefill_length: int = 1000, max_prefill_queue: int = 2, **engine_config):
@@ -297,7 +297,7 @@ def queue_depths(self: DisaggRouter) -> dict:
 
 @patch
 def stats(self: DisaggRouter) -> dict:
-    """Chapter 15b's load figures from the decode workers' last reports (the prefix counters of a worker that died
+    """Chapter 15c's load figures from the decode workers' last reports (the prefix counters of a worker that died
     stay counted), the requests in flight per role, and what the router moved and decided."""
     pools = [w.pool for w in self._live("decode") if w.pool]
     ever = [w.pool for w in self.workers if w.role == "decode" and w.pool]
