@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HEADER ?= \# Small helpers for files, paths and text, kept in one module for reuse.\nimport os\nimport re\nimport sys\nimport json\nimport shutil\n\n
 PROMPT ?= import os\n\ndef list_files(path):
 
-.PHONY: run test bench bench-vllm gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
+.PHONY: run test test-slow bench bench-vllm gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ check-export: export
 test: check-export
 	$(BIN)/python tools/check_layers.py
 	MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadscope tests
+
+## test-slow: the soak tests and full matrices `make test` leaves out (pytest -m slow)
+test-slow: install-dev
+	MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadscope -m slow -s tests
 
 ## docs: the site, built offline from the executed notebooks into _site/
 docs: install-docs

@@ -40,8 +40,9 @@ def batch_sweep(model, batch_sizes, num_requests: int = 64, prompt_len: int = 64
 # %% ../../nbs/72_frontier.ipynb #10b94201
 FRONTIER_AXES = dict(maximize=("output_throughput", "top1_agreement"), minimize=("tpot_p50",))
 
-def read_rows(path) -> list[dict]:
-    "The JSON lines of a sweep; a line that is not a JSON object is an error naming the file and line."
+def read_rows(path, skipped: bool = False) -> list[dict]:
+    """The JSON lines of a sweep (the measured ones; `skipped=True`: also the configurations the engine refused, with
+    their reason); a line that is not a JSON object is an error naming the file and line."""
     rows = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -49,7 +50,7 @@ def read_rows(path) -> list[dict]:
             try: r = json.loads(line)
             except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
             if not isinstance(r, dict): raise ValueError(f"{path}:{n}: expected a JSON object, got {type(r).__name__}")
-            rows.append(r)
+            if skipped or "skipped" not in r: rows.append(r)
     return rows
 
 def mark_frontier(rows: list[dict], maximize=FRONTIER_AXES["maximize"],

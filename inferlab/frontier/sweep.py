@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/sweep.html.md"""
 
 # %% ../../nbs/76_sweep.ipynb #ea63d2c1
 from __future__ import annotations
-import json, math, time
+import itertools, json, math, time
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
@@ -15,13 +15,13 @@ from ..serve.bench import arrival_times
 from .bench import corpus_token_ids, text_workload
 
 # %% auto #0
-__all__ = ['KNOBS', 'NGRAM', 'DRAFT', 'VARIANTS', 'default_grid', 'config_key', 'config_label', 'run_workload', 'goodput',
-           'eval_set', 'score_prefixes', 'reference', 'top20_kl', 'quality', 'weights_bytes', 'measure_config',
-           'evaluator', 'sweep', 'sweep_main']
+__all__ = ['KNOBS', 'NGRAM', 'DRAFT', 'VARIANTS', 'PARALLEL', 'FACTORIAL', 'default_grid', 'config_key', 'config_label',
+           'run_workload', 'goodput', 'eval_set', 'score_prefixes', 'reference', 'top20_kl', 'quality', 'weights_bytes',
+           'measure_config', 'evaluator', 'sweep', 'sweep_main', 'techniques', 'factorial_grid']
 
 # %% ../../nbs/76_sweep.ipynb #86010c2d
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "quantization", "kv_cache_dtype",
-         "speculative_config", "tensor_parallel_size")
+         "speculative_config", "tensor_parallel_size", "data_parallel_size")
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}
 VARIANTS = [dict(), dict(max_num_batched_tokens=256), dict(enable_chunked_prefill=False),
@@ -47,6 +47,7 @@ def config_label(c: dict) -> str:
     if c["kv_cache_dtype"]: parts.append("kv-" + c["kv_cache_dtype"])
     if c["speculative_config"]: parts.append(c["speculative_config"]["method"])
     if c["tensor_parallel_size"] > 1: parts.append(f"tp{c['tensor_parallel_size']}")
+    if c.get("data_parallel_size", 1) > 1: parts.append(f"dp{c['data_parallel_size']}")
     return " ".join(parts)
 
 # %% ../../nbs/76_sweep.ipynb #3382ca12
@@ -135,9 +136,10 @@ def weights_bytes(model) -> int:
 
 def measure_config(config: dict, make_engine, workload, prompts, conts, ref_scores, slo=(1.0, 0.05), model=None,
                    request_rate: float = math.inf) -> dict:
-    "One configuration's row: build its engine, run the workload, score quality, release it."
+    "One configuration's row: build its engine, run the workload, score quality, release it (refused: `skipped`)."
     knobs = {k: v for k, v in config.items() if v is not None}
-    engine = make_engine(model, **knobs)
+    try: engine = make_engine(model, **knobs)
+    except ValueError as e: return dict(config=config, skipped=str(e))   # refused before any work: the reason kept
     try:
         row = dict(config=config) | run_workload(engine, workload, *slo, request_rate=request_rate)
         row |= quality(score_prefixes(engine, prompts, conts), ref_scores)
@@ -178,13 +180,17 @@ def sweep_main(argv: list[str] | None = None, make_engine=None) -> int:
     ap = argparse.ArgumentParser(prog="inferlab sweep", description="Measure a grid of engine configurations.")
     ap.add_argument("--out", default="results.jsonl", help="JSON lines, one per configuration; rows already there are skipped")
     ap.add_argument("--model", default=None, help="checkpoint directory or shipped name (default tiny-dense)")
-    ap.add_argument("--batch-sizes", default="4,16,64", help="max_num_seqs values, comma-separated (default 4,16,64)")
+    ap.add_argument("--grid", choices=("default", "factorial"), default="default",
+                    help="default: one knob at a time; factorial: combinations of techniques (parallelism x quantization "
+                         "x KV dtype x speculation), each with at least two")
+    ap.add_argument("--batch-sizes", default=None, help="max_num_seqs values, comma-separated (default 4,16,64; factorial 4,32)")
     ap.add_argument("--num-prompts", type=int, default=24, help="requests in the workload (default 24)")
     ap.add_argument("--request-rate", type=float, default=math.inf,
                     help="requests per second, Poisson arrivals (default inf: all at once, offline)")
     ap.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="goodput's TTFT SLO (default 1000)")
     ap.add_argument("--slo-tpot-ms", type=float, default=50.0, help="goodput's TPOT SLO (default 50)")
     a = ap.parse_args(argv)
+    a.batch_sizes = a.batch_sizes or ("4,16,64" if a.grid == "default" else "4,32")
     try:
         sizes = tuple(int(x) for x in a.batch_sizes.split(","))
         if not sizes or min(sizes) < 1: raise ValueError
@@ -194,8 +200,32 @@ def sweep_main(argv: list[str] | None = None, make_engine=None) -> int:
     if a.num_prompts < 1: print("inferlab sweep: error: --num-prompts: must be >= 1", file=sys.stderr); return 2
     if not a.request_rate > 0: print(f"inferlab sweep: error: --request-rate: must be > 0, got {a.request_rate}", file=sys.stderr); return 2
     t0 = time.perf_counter()
-    rows = sweep(default_grid(sizes), a.out, make_engine, a.num_prompts, slo=(a.slo_ttft_ms / 1e3, a.slo_tpot_ms / 1e3),
+    grid = default_grid(sizes) if a.grid == "default" else factorial_grid(batch_sizes=sizes)
+    rows = sweep(grid, a.out, make_engine, a.num_prompts, slo=(a.slo_ttft_ms / 1e3, a.slo_tpot_ms / 1e3),
                  model=a.model, request_rate=a.request_rate)
     print(f"{len(rows)} configurations measured in {time.perf_counter() - t0:.0f} s; {a.out} holds "
           f"{sum(1 for l in open(a.out) if l.strip())} rows")
     return 0
+
+# %% ../../nbs/76_sweep.ipynb #8972f4b3
+PARALLEL = {"tp1": dict(tensor_parallel_size=1, data_parallel_size=1), "tp2": dict(tensor_parallel_size=2, data_parallel_size=1),
+            "dp2": dict(tensor_parallel_size=1, data_parallel_size=2)}
+FACTORIAL = dict(parallel=("tp1", "tp2", "dp2"), quantization=(None, "fp8", "w4a16"), kv_cache_dtype=(None, "fp8"),
+                 speculative_config=(None, NGRAM))
+
+def techniques(c: dict) -> int:
+    "How many techniques a configuration combines: parallelism, weight quantization, KV quantization, speculation."
+    return sum((c["tensor_parallel_size"] * c.get("data_parallel_size", 1) > 1, c["quantization"] is not None,
+                c["kv_cache_dtype"] is not None, c["speculative_config"] is not None))
+
+def factorial_grid(axes: dict = FACTORIAL, batch_sizes=(4, 32), min_techniques: int = 2) -> list[dict]:
+    "Every combination of `axes` at every batch size that combines at least `min_techniques` techniques."
+    base = dict(max_num_seqs=0, max_num_batched_tokens=2048, enable_chunked_prefill=True, quantization=None,
+                kv_cache_dtype=None, speculative_config=None, tensor_parallel_size=1, data_parallel_size=1)
+    grid = []
+    for b in batch_sizes:
+        for combo in itertools.product(*axes.values()):
+            c = base | {"max_num_seqs": b}
+            for axis, v in zip(axes, combo): c |= PARALLEL[v] if axis == "parallel" else {axis: v}
+            if techniques(c) >= min_techniques: grid.append(c)
+    return grid

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json, math
 import numpy as np
 from .frontier import FRONTIER_AXES
-from .sweep import VARIANTS, config_key, config_label, default_grid, goodput
+from .sweep import (VARIANTS, FACTORIAL, PARALLEL, config_key, config_label, default_grid,
+                                     factorial_grid, goodput)
 
 # %% auto #0
-__all__ = ['DEFAULT_CONFIG', 'to_minimize', 'hypervolume', 'Normalizer', 'tune', 'runs_to_reach', 'replay', 'with_slo',
-           'tune_report', 'tune_main']
+__all__ = ['DEFAULT_CONFIG', 'to_minimize', 'hypervolume', 'Normalizer', 'tune', 'runs_to_reach', 'joint_config', 'replay',
+           'with_slo', 'tune_report', 'tune_main']
 
 # %% ../../nbs/77_tune.ipynb #75d2520b
 def to_minimize(rows: list[dict], maximize=FRONTIER_AXES["maximize"], minimize=FRONTIER_AXES["minimize"]) -> np.ndarray:
@@ -51,8 +52,9 @@ class Normalizer:
 
 # %% ../../nbs/77_tune.ipynb #3519d121
 def tune(evaluate, runs: int = 24, seed: int = 0, batch_sizes=(4, 16, 64), population_size: int = 8,
-         max_trials: int = 500, axes: dict | None = None) -> list[dict]:
-    """NSGA-II over (max_num_seqs, variant) of the sweep's grid; `evaluate(config) -> row` measures one (a sweep row);
+         max_trials: int = 500, axes: dict | None = None, space: str = "variants") -> list[dict]:
+    """NSGA-II over (max_num_seqs, variant) of the sweep's grid — or, `space="factorial"`, over the joint space of
+    chapter 76's factorial axes, each suggested on its own; `evaluate(config) -> row` measures one (a sweep row);
     `axes` = dict(maximize=..., minimize=...), default chapter 72's three.
     A configuration proposed twice is measured once, and the budget is `runs` distinct measurements (the search
     stops there, or after `max_trials` proposals). Returns the rows in the order they were first measured."""
@@ -63,8 +65,8 @@ def tune(evaluate, runs: int = 24, seed: int = 0, batch_sizes=(4, 16, 64), popul
     seen: dict[str, dict] = {}
     def objective(trial):
         b = trial.suggest_categorical("max_num_seqs", list(batch_sizes))
-        v = trial.suggest_categorical("variant", list(range(len(VARIANTS))))
-        c = grid[(b, v)]
+        c = grid[(b, trial.suggest_categorical("variant", list(range(len(VARIANTS)))))] if space == "variants" else \
+            joint_config(trial, b)
         k = config_key(c)
         if k not in seen: seen[k] = evaluate(c)
         r = seen[k]
@@ -80,6 +82,17 @@ def runs_to_reach(rows_in_order: list[dict], norm: Normalizer, target: float) ->
     for n in range(1, len(rows_in_order) + 1):
         if norm.hv(rows_in_order[:n]) >= target: return n
     return None
+
+# %% ../../nbs/77_tune.ipynb #b29adc32
+def joint_config(trial, batch_size: int) -> dict:
+    "A configuration of chapter 76's factorial axes, each axis suggested by `trial` on its own (the joint space)."
+    one = factorial_grid(batch_sizes=(batch_size,), min_techniques=0)[0]          # the base at this batch size
+    c = dict(one)
+    for axis, values in FACTORIAL.items():
+        names = [json.dumps(v, sort_keys=True) for v in values]                  # optuna's categories: plain values
+        v = values[names.index(trial.suggest_categorical(axis, names))]
+        c |= PARALLEL[v] if axis == "parallel" else {axis: v}
+    return c
 
 # %% ../../nbs/77_tune.ipynb #ad78d90c
 DEFAULT_CONFIG = default_grid((64,))[0]     # EngineConfig's defaults: 64 seats, 2,048-token chunks, nothing else
@@ -126,6 +139,10 @@ def tune_main(argv: list[str] | None = None, make_engine=None) -> int:
     ap.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput's TPOT SLO (default: as --slo-ttft-ms; 50 live)")
     ap.add_argument("--request-rate", type=float, default=math.inf, help="live: requests per second (default inf: offline)")
     ap.add_argument("--num-prompts", type=int, default=24, help="live: requests in the workload (default 24)")
+    ap.add_argument("--space", choices=("variants", "factorial"), default="variants",
+                    help="variants: the default grid's one-knob variants; factorial: the joint space of parallelism x "
+                         "quantization x KV dtype x speculation (chapter 76's factorial axes)")
+    ap.add_argument("--batch-sizes", default="4,16,64", help="max_num_seqs values to search, comma-separated")
     a = ap.parse_args(argv)
     split = lambda s: tuple(x for x in s.split(",") if x)
     axes = dict(maximize=split(a.maximize), minimize=split(a.minimize))
@@ -142,7 +159,8 @@ def tune_main(argv: list[str] | None = None, make_engine=None) -> int:
         else: evaluate = evaluator(make_engine, a.num_prompts, slo=slo or (1.0, 0.05), request_rate=a.request_rate)
         for k in (*axes["maximize"], *axes["minimize"]):
             if grid_rows and k not in grid_rows[0]: raise ValueError(f"objective {k!r}: not a field of the rows")
-        found = tune(evaluate, a.runs, a.seed, axes=axes)
+        sizes = tuple(int(v) for v in a.batch_sizes.split(","))
+        found = tune(evaluate, a.runs, a.seed, sizes, axes=axes, space=a.space)
     except (ValueError, FileNotFoundError) as e:
         print(f"inferlab tune: error: {e}", file=sys.stderr); return 2
     if a.out:

@@ -70,7 +70,8 @@ def _pool(engine: Engine) -> dict:
     "A worker's load figures for the router (chapter 15c's `stats()`)."
     s = engine.stats()
     return dict(free=s["free_blocks"], blocks=s["num_blocks"], query=s["prefix_query_tokens"],
-                hits=s["prefix_hit_tokens"], running=s["num_running"], waiting=s["num_waiting"])
+                hits=s["prefix_hit_tokens"], running=s["num_running"], waiting=s["num_waiting"],
+                drafts=s.get("num_draft_tokens", 0), accepted=s.get("num_accepted_tokens", 0))
 
 def _out(o: RequestOutput, sent: dict) -> dict:
     n = sent.get(o.request_id, 0)

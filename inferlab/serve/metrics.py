@@ -48,6 +48,10 @@ class ServerMetrics:
         self.kv_seconds = h("kv_transfer_seconds", "Time for a decode worker to adopt one request's KV", TOKEN_BUCKETS)
         self._queue = Gauge(PREFIX + "num_requests_in_flight", "Requests in flight per worker role", lab + ["role"], registry=r)
         self._moved = (0, 0)
+        # speculative decoding (chapter 34), vLLM's names: drafts proposed and accepted
+        self.spec_drafts = c("spec_decode_num_draft_tokens", "Draft tokens proposed and verified")
+        self.spec_accepted = c("spec_decode_num_accepted_tokens", "Draft tokens accepted")
+        self._spec = (0, 0)
 
     def observe_step(self, engine, outputs):
         "After a step: the engine's load figures (chapter 15c's `stats()`, any kind of engine), then each output."
@@ -58,6 +62,9 @@ class ServerMetrics:
         if q: self.prefix_queries.inc(q); self.prefix_hits.inc(hits)
         self._prefix = (s["prefix_query_tokens"], s["prefix_hit_tokens"])
         if "kv_transfer_bytes" in s: self._observe_transfers(s)
+        if "num_draft_tokens" in s:
+            self.spec_drafts.inc(s["num_draft_tokens"] - self._spec[0]); self.spec_accepted.inc(s["num_accepted_tokens"] - self._spec[1])
+            self._spec = (s["num_draft_tokens"], s["num_accepted_tokens"])
         for out in outputs: self._observe_output(out, now)
 
     def _observe_transfers(self, s: dict):

@@ -307,6 +307,7 @@ def stats(self: DisaggRouter) -> dict:
                 free_blocks=sum(p["free"] for p in pools), num_blocks=sum(p["blocks"] for p in pools),
                 prefix_query_tokens=sum(p["query"] for p in ever), prefix_hit_tokens=sum(p["hits"] for p in ever),
                 num_in_flight_prefill=q["prefill"], num_in_flight_decode=q["decode"],
+                num_draft_tokens=sum(p.get("drafts", 0) for p in ever), num_accepted_tokens=sum(p.get("accepted", 0) for p in ever),
                 kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks, remote_prefills=self.remote_prefills,
                 local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted,
                 workers={w.name: w.alive for w in self.workers})

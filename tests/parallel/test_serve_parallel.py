@@ -62,3 +62,25 @@ def test_serve_exits_when_its_worker_dies():
         if proc.poll() is None: proc.kill(); proc.wait(20)
         log.close(); os.unlink(log.name)
     assert gone(workers, 30)
+
+def test_serve_dp2_answers_concurrent_streams():
+    "`inferlab serve --data-parallel-size 2`: 32 concurrent streams from the official client, each one replica's text."
+    import concurrent.futures as cf
+    from inferlab.model.config import data_dir
+    text = (data_dir() / "corpus" / "valid.txt").read_text()
+    ps = [text[i * 700:i * 700 + 40 + (i * 37) % 200] for i in range(32)]
+    want = [o.text for o in LLM("tiny-dense", dtype="float32").generate(ps, SamplingParams(max_tokens=24, temperature=0))]
+    proc, base, log = start("--data-parallel-size", "2")
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+        def stream(p):
+            chunks = client.completions.create(model="tiny-dense", prompt=p, max_tokens=24, temperature=0, stream=True)
+            return "".join(c.choices[0].text for c in chunks)
+        with cf.ThreadPoolExecutor(32) as ex: got = list(ex.map(stream, ps))
+        running = [float(l.split()[-1]) for l in httpx.get(base + "/metrics").text.splitlines()
+                   if l.startswith("inferlab:num_requests_running")]
+    finally:
+        proc.send_signal(signal.SIGTERM); proc.wait(30)
+        log.close(); os.unlink(log.name)
+    print(f"\n{sum(a == b for a, b in zip(got, want))}/32 streams equal the one-process text")
+    assert got == want and running == [0.0]

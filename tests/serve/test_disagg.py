@@ -58,3 +58,22 @@ def test_a_dead_worker_never_hangs_a_request(spec, victim):
         assert all(isinstance(t, str) for t in after), after
         time.sleep(0.5)
         assert metric(base, "inferlab:kv_cache_usage_perc") == 0   # no block leaked on the survivors
+
+def test_1p1d_composes_with_fp8_weights_fp8_kv_and_speculation():
+    "Every engine flag reaches the workers: the aggregated server's text, and fp8 KV moves about a quarter of fp32's."
+    from inferlab.model.config import data_dir
+    text = (data_dir() / "corpus" / "valid.txt").read_text()
+    ps = [text[i * 1500:i * 1500 + (900 if i % 2 else 120)] for i in range(24)]      # half well above 96 tokens
+    flags = ["--quantization", "fp8", "--kv-cache-dtype", "fp8",
+             "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']
+    with serve_process("--num-kv-blocks", "2048", *flags) as (base, _):
+        want = complete_all(base, ps, 16)
+    with serve_process("--disaggregation", "1P1D", *DISAGG, *flags) as (base, proc):
+        got = complete_all(base, ps, 16)
+        moved, blocks = metric(base, "inferlab:kv_transfer_bytes_total"), metric(base, "inferlab:kv_transfer_blocks_total")
+        spec_drafts = metric(base, "inferlab:spec_decode_num_draft_tokens_total")
+    assert all(isinstance(t, str) for t in want + got) and got == want
+    fp32_bytes = blocks * 16 * 6 * 2 * 4 * 32 * 4                    # the same blocks in float32 (the test above)
+    print(f"\n{blocks:.0f} blocks moved: {moved / 2**10:.0f} KiB in fp8, {fp32_bytes / 2**10:.0f} KiB in float32 "
+          f"({moved / fp32_bytes:.1%})")
+    assert blocks >= 12 and moved <= 0.30 * fp32_bytes and spec_drafts > 0
