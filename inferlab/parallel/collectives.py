@@ -45,7 +45,8 @@ def _join_store(rank: int, world_size: int, port: int, timeout, on_wait) -> dist
     while (n := store.add("inferlab/joined", 0)) < world_size - 1:
         if on_wait is not None: on_wait()
         if time.monotonic() > deadline:
-            raise RuntimeError(f"init_distributed: {n + 1} of {world_size} ranks joined in {timeout.total_seconds():.0f} s")
+            raise RuntimeError(f"init_distributed: {n + 1} of {world_size} ranks joined in "
+                               f"{timeout.total_seconds():.0f} s")
         time.sleep(0.02)
     return store
 
@@ -65,7 +66,8 @@ def init_distributed(rank: int | None = None, world_size: int | None = None, por
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     else:
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-        if missing: raise RuntimeError(f"init_distributed: no port given and {missing[0]} is not set (launch with torchrun)")
+        if missing:
+            raise RuntimeError(f"init_distributed: no port given and {missing[0]} is not set (launch with torchrun)")
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
@@ -95,8 +97,8 @@ def run_spmd(fn, world_size: int, *args, backend: str = "gloo", threads: int = 1
     raises a `RuntimeError` here, and every child is gone when this returns."""
     ctx = mp.get_context("spawn")
     results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_spmd_child, args=(r, world_size, port, backend, threads, fn, args, results), daemon=True)
-             for r in range(world_size)]
+    procs = [ctx.Process(target=_spmd_child, args=(r, world_size, port, backend, threads, fn, args, results),
+                         daemon=True) for r in range(world_size)]
     for p in procs: p.start()
     out, deadline, dead_since = {}, time.monotonic() + timeout_s, None
     try:
@@ -106,7 +108,8 @@ def run_spmd(fn, world_size: int, *args, backend: str = "gloo", threads: int = 1
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in out]
                 dead_since = (dead_since or time.monotonic()) if dead else None
                 if dead and time.monotonic() - dead_since > 2:  # its result may still be in the pipe: a grace period
-                    raise RuntimeError(f"run_spmd: rank {dead[0]} exited (code {procs[dead[0]].exitcode}) without a result")
+                    raise RuntimeError(f"run_spmd: rank {dead[0]} exited (code {procs[dead[0]].exitcode}) "
+                                       "without a result")
                 if time.monotonic() > deadline: raise RuntimeError(f"run_spmd: no result after {timeout_s:.0f} s")
                 continue
             if err is not None: raise RuntimeError(f"run_spmd: rank {rank} failed:\n{err}")
@@ -127,7 +130,7 @@ def ring_all_reduce(x: torch.Tensor) -> torch.Tensor:
     out = x.clone()
     chunks = out.tensor_split(p)                                  # p views of `out` (same sizes on every rank)
     right, left = (r + 1) % p, (r - 1) % p
-    def exchange(send_i: int, recv_i: int) -> torch.Tensor:       # send chunk send_i right, receive chunk recv_i from the left
+    def exchange(send_i: int, recv_i: int) -> torch.Tensor:       # chunk send_i to the right, recv_i from the left
         buf = torch.empty_like(chunks[recv_i])
         for req in (dist.isend(chunks[send_i].contiguous(), right), dist.irecv(buf, left)): req.wait()
         return buf
@@ -230,7 +233,7 @@ def fit_alpha_beta(sizes, times, p: int, op: str = "all_reduce") -> tuple[float,
     return a / (k * (p - 1)), bus_factor(op, p) / b
 
 # %% ../../nbs/40_collectives.ipynb #637f2229
-LINKS = {                           # name -> (alpha: seconds per ring step (assumed), beta: bytes/s per direction (vendor))
+LINKS = {                   # name -> (alpha: seconds per ring step (assumed), beta: bytes/s per direction (vendor))
     "NVLink 4 (H100 SXM)": (1e-6, 450e9),
     "NVLink 5 (B200)": (1e-6, 900e9),
     "PCIe Gen4 x16": (3e-6, 32e9),

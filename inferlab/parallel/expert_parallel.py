@@ -6,17 +6,19 @@ Docs: https://inferlab.github.io/inferlab/expert_parallel.html.md"""
 
 # %% ../../nbs/42_expert_parallel.ipynb #a118a4fd
 from __future__ import annotations
-import time
+import math, time
 import torch
 import torch.nn as nn
 import torch.distributed as dist
 from ..model.config import ModelConfig, load_config, resolve_model_path
 from ..model.layers import MLP
 from ..model.moe import route
+from .collectives import bus_factor
 from .tensor_parallel import load_model_shard
 
 # %% auto #0
-__all__ = ['owner_of', 'experts_of_rank', 'EPMoEBlock', 'load_ep_model_shard', 'ep_logits', 'expert_load', 'rank_imbalance']
+__all__ = ['SCHEMES', 'owner_of', 'experts_of_rank', 'EPMoEBlock', 'load_ep_model_shard', 'ep_logits', 'dispatch_rows',
+           'expert_load', 'rank_imbalance', 'remote_rows_per_token', 'comm_bytes_per_gpu']
 
 # %% ../../nbs/42_expert_parallel.ipynb #3f6ed6c8
 def owner_of(expert: torch.Tensor, num_experts: int, ep: int) -> torch.Tensor:
@@ -28,6 +30,7 @@ def experts_of_rank(rank: int, num_experts: int, ep: int) -> range:
     n = num_experts // ep
     return range(rank * n, (rank + 1) * n)
 
+# %% ../../nbs/42_expert_parallel.ipynb #25099998
 class EPMoEBlock(nn.Module):
     """An MoE block holding experts `experts_of_rank(rank, E, ep)` whole, with the full router. `replicated_tokens`:
     every rank holds the same tokens (TP attention before it), so each rank dispatches only its 1/ep slice and an
@@ -39,7 +42,7 @@ class EPMoEBlock(nn.Module):
         self.local = experts_of_rank(rank, cfg.num_experts, ep)
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)           # the router: every rank
         self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in self.local)
-        self.sent_rows = self.received_rows = 0                                        # all-to-all volume, for chapter 44
+        self.sent_rows = self.received_rows = 0                               # all-to-all volume, for chapter 44
         self.comm_seconds = 0.0
 
     def forward(self, x):  # [b, t, d]
@@ -64,7 +67,7 @@ class EPMoEBlock(nn.Module):
         dist.all_to_all_single(recv, send, group=self.group)                        # how many rows come back to me
         send_n, recv_n = send.tolist(), recv.tolist()
         rows = x.new_empty(sum(recv_n), x.shape[1])
-        dist.all_to_all_single(rows, x[tok].contiguous(), recv_n, send_n, group=self.group)   # dispatch
+        dist.all_to_all_single(rows, x[tok].contiguous(), recv_n, send_n, group=self.group)  # dispatch
         ids = eid.new_empty(sum(recv_n))
         dist.all_to_all_single(ids, eid.contiguous(), recv_n, send_n, group=self.group)
         out, t0 = torch.empty_like(rows), time.perf_counter()
@@ -100,6 +103,18 @@ def ep_logits(rank: int, world_size: int, path, token_ids: list, tp: int) -> tup
     moved = sum(m.sent_rows for m in model.modules() if isinstance(m, EPMoEBlock))
     return logits, moved
 
+# %% ../../nbs/42_expert_parallel.ipynb #483cebd3
+def dispatch_rows(experts: torch.Tensor, num_experts: int, ep: int, src, per_rank: bool = False) -> int:
+    """Rows one dispatch sends to other ranks (its combine sends as many back). Token j lives on rank `src[j]` (an
+    int: all on that rank) and goes to the owner of each of its experts `experts [n, k]`: a row per (token, expert)
+    pair whose expert is elsewhere, as `EPMoEBlock` sends them; with `per_rank`, a row per other rank that holds any
+    of the token's experts, as DeepEP's dispatch sends them."""
+    dest = owner_of(experts, num_experts, ep)                                           # [n, k] rank of each pair
+    home = torch.as_tensor(src).expand(dest.shape[0])[:, None]                           # [n, 1]
+    if not per_rank: return int((dest != home).sum())
+    visits = torch.zeros(dest.shape[0], ep, dtype=torch.bool).scatter_(1, dest, True)   # [n, ep] ranks it reaches
+    return int(visits.sum() - visits.gather(1, home).sum())
+
 # %% ../../nbs/42_expert_parallel.ipynb #6a52f8f7
 def expert_load(model, token_ids: list[int]) -> torch.Tensor:
     "Rows each expert receives in each MoE layer `[moe layers, experts]` for one forward pass over `token_ids`."
@@ -120,3 +135,29 @@ def rank_imbalance(load: torch.Tensor, ep: int) -> torch.Tensor:
     "Per MoE layer, the busiest rank's rows over the mean rank's, with experts split in contiguous ranges over `ep`."
     per_rank = load.view(load.shape[0], ep, -1).sum(-1).float()    # [layers, ep]
     return per_rank.max(-1).values / per_rank.mean(-1)
+
+# %% ../../nbs/42_expert_parallel.ipynb #94112566
+def remote_rows_per_token(num_experts: int, top_k: int, ep: int, per_rank: bool = False) -> float:
+    """Rows a token sends to other ranks in one dispatch, on average over a uniform router (every set of `top_k`
+    distinct experts equally likely): top_k·(ep−1)/ep per (token, expert) pair; per (token, rank), each of the ep−1
+    other ranks unless all top_k experts avoid its E/ep: (ep−1)·(1 − C(E − E/ep, k) / C(E, k))."""
+    if num_experts % ep: raise ValueError(f"ep: {ep} does not divide num_experts={num_experts}")
+    if not per_rank: return top_k * (ep - 1) / ep
+    return (ep - 1) * (1 - math.comb(num_experts - num_experts // ep, top_k) / math.comb(num_experts, top_k))
+
+SCHEMES = ("TP", "TP+EP", "DP+EP")
+
+def comm_bytes_per_gpu(cfg: ModelConfig, batch: int, p: int, scheme: str, per_rank: bool = False,
+                       dtype_bytes: int = 2) -> float:
+    """Bytes one of `p` GPUs sends in one forward step over the group's `batch` tokens, uniform routing. 'TP': two
+    ring all-reduces of [batch, hidden] per layer. 'TP+EP': one all-reduce per layer after the attention (and one
+    per dense MLP); per MoE layer a dispatch and a combine of this GPU's batch/p tokens and an all-gather of the
+    results. 'DP+EP': each GPU owns batch/p tokens; only the MoE layers' dispatch and combine."""
+    if scheme not in SCHEMES: raise ValueError(f"scheme: {scheme!r} is not one of {', '.join(SCHEMES)}")
+    if not cfg.num_experts: raise ValueError("cfg: expert parallelism needs an MoE config (num_experts > 0)")
+    row, L, L_moe = cfg.hidden_size * dtype_bytes, cfg.num_hidden_layers, len(cfg.moe_layers)
+    all_reduce = bus_factor("all_reduce", p) * batch * row                   # one ring all-reduce of [batch, h]
+    if scheme == "TP": return 2 * L * all_reduce
+    a2a = 2 * batch / p * remote_rows_per_token(cfg.num_experts, cfg.num_experts_per_tok, p, per_rank) * row
+    if scheme == "DP+EP": return L_moe * a2a
+    return (2 * L - L_moe) * all_reduce + L_moe * (bus_factor("all_gather", p) * batch * row + a2a)

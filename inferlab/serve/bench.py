@@ -32,7 +32,8 @@ def _int(x, name: str, lo: int = 1) -> int:
 
 def _real(x, name: str, lo: float = 0.0, inf_ok: bool = False) -> float:
     "A number > `lo` (`inf` allowed only if `inf_ok`), or a `ValueError` naming `name`."
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or math.isnan(x) or not x > lo or (math.isinf(x) and not inf_ok):
+    if (isinstance(x, bool) or not isinstance(x, numbers.Real) or math.isnan(x) or not x > lo
+            or (math.isinf(x) and not inf_ok)):
         raise ValueError(f"{name}: must be a {'' if inf_ok else 'finite '}number > {lo}, got {x!r}")
     return float(x)
 
@@ -64,9 +65,11 @@ def serve_requests(tokenizer, n: int = 200, seed: int = 0, prompt_len=(16, 512),
     frac, (llo, lhi) = 0.0 if long[0] == 0 else _real(long[0], "long_fraction"), _range(long[1:], "long_len")
     if frac > 1: raise ValueError(f"long_fraction: must be in [0, 1], got {frac}")
     try: mean, sigma, olo, ohi = output_len
-    except (TypeError, ValueError): raise ValueError(f"output_len: expected (mean, sigma, lo, hi), got {output_len!r}") from None
+    except (TypeError, ValueError):
+        raise ValueError(f"output_len: expected (mean, sigma, lo, hi), got {output_len!r}") from None
     olo, ohi = _range((olo, ohi), "output_len")
-    if not olo <= _real(mean, "output_len") <= ohi: raise ValueError(f"output_len: mean {mean} is outside [{olo}, {ohi}]")
+    if not olo <= _real(mean, "output_len") <= ohi:
+        raise ValueError(f"output_len: mean {mean} is outside [{olo}, {ohi}]")
     sigma = 0.0 if sigma == 0 else _real(sigma, "output_len")
     ids = _token_ids(tokenizer, read_corpus("valid") if text is None else text)
     if len(ids) < phi: raise ValueError(f"prompt_len: the text has {len(ids)} tokens, fewer than hi = {phi}")
@@ -92,7 +95,7 @@ def arrival_times(n: int, request_rate: float = math.inf, burstiness: float = 1.
 # %% ../../nbs/53_serve_bench.ipynb #4135bfb4
 @dataclass
 class RequestResult:
-    "One request as the client saw it. Times in seconds: `scheduled`/`start` from the run's start, the rest from `start`."
+    "One request as the client saw it. Seconds: `scheduled`/`start` from the run's start, the rest from `start`."
     prompt_len: int
     max_tokens: int
     success: bool = False
@@ -128,8 +131,10 @@ async def _read_stream(resp, r: RequestResult, st: float):
         if data is None: continue
         if data == "[DONE]": done = True; break
         c = json.loads(data)
-        if err := c.get("error"): r.error = f"in the stream: {err.get('message') if isinstance(err, dict) else err}"; return
-        if (u := c.get("usage")) and u.get("completion_tokens") is not None: r.output_tokens = int(u["completion_tokens"])
+        if err := c.get("error"):
+            r.error = f"in the stream: {err.get('message') if isinstance(err, dict) else err}"; return
+        if (u := c.get("usage")) and u.get("completion_tokens") is not None:
+            r.output_tokens = int(u["completion_tokens"])
         if not "".join(ch.get("text") or "" for ch in c.get("choices") or []): continue
         now = time.perf_counter()
         if chunks == 0: r.ttft = now - st
@@ -267,8 +272,10 @@ def summarize(run: BenchRun, goodput: dict | None = None) -> dict:
 # %% ../../nbs/53_serve_bench.ipynb #cb6b1192
 _ROWS = [("Successful requests", "completed", "d"), ("Failed requests", "failed", "d"),
          ("Benchmark duration (s)", "duration_s", ".2f"), ("Total input tokens", "total_input_tokens", "d"),
-         ("Total generated tokens", "total_output_tokens", "d"), ("Request throughput (req/s)", "request_throughput", ".2f"),
-         ("Request goodput (req/s)", "request_goodput", ".2f"), ("Output token throughput (tok/s)", "output_throughput", ".2f"),
+         ("Total generated tokens", "total_output_tokens", "d"),
+         ("Request throughput (req/s)", "request_throughput", ".2f"),
+         ("Request goodput (req/s)", "request_goodput", ".2f"),
+         ("Output token throughput (tok/s)", "output_throughput", ".2f"),
          ("Total token throughput (tok/s)", "total_token_throughput", ".2f"),
          ("Offline output throughput (tok/s)", "offline_output_throughput", ".2f"),
          ("Online / offline output throughput", "online_offline_ratio", ".3f")]
@@ -279,7 +286,8 @@ def format_report(rep: dict) -> str:
     "The report as vLLM prints it: a table of counts and rates, then the four latencies."
     lines = [f"{' Serving Benchmark Result ':=^50}"]
     lines += [f"{label + ':':<40}{rep[k]:<10{fmt}}" for label, k, fmt in _ROWS if k in rep]
-    if rep.get("goodput_slo_ms"): lines.append(f"{'SLOs (ms):':<40}" + " ".join(f"{k}:{v:g}" for k, v in rep["goodput_slo_ms"].items()))
+    if rep.get("goodput_slo_ms"):
+        lines.append(f"{'SLOs (ms):':<40}" + " ".join(f"{k}:{v:g}" for k, v in rep["goodput_slo_ms"].items()))
     for key, short, title in _SECTIONS:
         lines.append(f"{title:-^50}")
         lines += [f"{f'{s} {short} (ms):':<40}{rep[f'{p}_{key}_ms']:<10.2f}"
@@ -325,10 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--burstiness", type=float, default=1.0, help="Gamma shape of the gaps: 1 Poisson, <1 burstier (default 1)")
     a("--max-concurrency", type=int, default=None, help="cap on requests in flight (default: none)")
     a("--seed", type=int, default=0, help="seed of the workload and of the arrivals (default 0)")
-    a("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("LO", "HI"), help="prompt tokens, uniform (default 16 512)")
+    a("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("LO", "HI"),
+      help="prompt tokens, uniform (default 16 512)")
     a("--long-fraction", type=float, default=0.0, metavar="F", help="this fraction of the prompts are long (default 0)")
-    a("--long-len", type=int, nargs=2, default=[1024, 1900], metavar=("LO", "HI"), help="long prompts' tokens, uniform (default 1024 1900)")
-    a("--output-len", type=int, default=64, metavar="MEAN", help="mean max_tokens, lognormal in [1, 4 MEAN] (default 64)")
+    a("--long-len", type=int, nargs=2, default=[1024, 1900], metavar=("LO", "HI"),
+      help="long prompts' tokens, uniform (default 1024 1900)")
+    a("--output-len", type=int, default=64, metavar="MEAN",
+      help="mean max_tokens, lognormal in [1, 4 MEAN] (default 64)")
     a("--goodput", nargs="+", default=None, metavar="KEY:MS", help="SLOs in ms, KEY among ttft, tpot, e2el")
     a("--out", default=None, metavar="FILE", help="write the report and the per-request records as JSON")
     a("--offline-baseline", action="store_true", help="also run the same requests offline (LLM.generate) and compare")
@@ -339,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(a: argparse.Namespace) -> dict[str, float]:
     "Check the options, raising a `ValueError` that names the flag; returns the goodput SLOs."
     _base_url(a.base_url)
-    for flag, v in (("--num-prompts", a.num_prompts), ("--output-len", a.output_len), ("--max-num-seqs", a.max_num_seqs)):
+    for flag, v in (("--num-prompts", a.num_prompts), ("--output-len", a.output_len),
+                    ("--max-num-seqs", a.max_num_seqs)):
         _int(v, flag)
     _real(a.request_rate, "--request-rate", inf_ok=True); _real(a.burstiness, "--burstiness")
     if a.max_concurrency is not None: _int(a.max_concurrency, "--max-concurrency")
@@ -365,13 +377,14 @@ def write_results(path, rep: dict, run: BenchRun, args: dict):
 def _run_cli(a: argparse.Namespace, make_llm=None) -> tuple[dict, BenchRun]:
     slo = check_args(a)
     out_len = (a.output_len, 0.5, 1, 4 * a.output_len)
-    reqs = serve_requests(load_tokenizer(resolve_model_path(a.model)), a.num_prompts, a.seed, tuple(a.prompt_len), out_len,
-                          long=(a.long_fraction, *a.long_len))
+    reqs = serve_requests(load_tokenizer(resolve_model_path(a.model)), a.num_prompts, a.seed, tuple(a.prompt_len),
+                          out_len, long=(a.long_fraction, *a.long_len))
     run = benchmark(a.base_url, reqs, model_name=a.model_name, request_rate=a.request_rate, burstiness=a.burstiness,
                     max_concurrency=a.max_concurrency, seed=a.seed, api_key=a.api_key)
     rep = summarize(run, slo)
     if a.offline_baseline:
-        if make_llm is None: raise ValueError("--offline-baseline: needs an LLM factory (`inferlab bench serve` passes the facade's)")
+        if make_llm is None:
+            raise ValueError("--offline-baseline: needs an LLM factory (`inferlab bench serve` passes the facade's)")
         off = offline_throughput(reqs, make_llm(a.model, max_num_seqs=a.max_num_seqs))
         rep |= dict(offline_output_throughput=off, online_offline_ratio=rep["output_throughput"] / off)
     return rep, run

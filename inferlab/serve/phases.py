@@ -17,7 +17,8 @@ __all__ = ['prefill_rate', 'decode_rate', 'StepTrace', 'itl_under_prefill', 'itl
 
 # %% ../../nbs/55_phases.ipynb #f8e5693c
 def _fresh_requests(engine: LLMEngine, prompts: list, max_tokens: int) -> list[str]:
-    return [engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)) for p in prompts]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [engine.add_request(p, params) for p in prompts]
 
 def _clear(engine: LLMEngine, rids: list[str]):
     for r in rids: engine.abort(r)

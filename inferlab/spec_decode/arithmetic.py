@@ -65,7 +65,8 @@ def acceptance_from_tv(p: torch.Tensor, q: torch.Tensor):
 # %% ../../nbs/30_arithmetic.ipynb #99ec15e1
 def walltime_speedup(alpha: float, gamma: int, c: float) -> float:
     """Expected wall-time speedup over plain decoding, (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023):
-    `gamma` proposer steps at `c` target steps each, then one target pass that scores γ + 1 positions for the price of one."""
+    `gamma` proposer steps at `c` target steps each, then one target pass that scores γ + 1 positions for the price
+    of one."""
     return expected_tokens(alpha, gamma) / (_count(gamma, "gamma") * _cost(c, "c") + 1)
 
 def _verify(verify_cost, gamma: int) -> float:
@@ -78,7 +79,8 @@ def _verify(verify_cost, gamma: int) -> float:
         v = verify_cost[gamma]
     else: v = verify_cost
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
-        raise ValueError(f"verify_cost: must be a finite number > 0 (a ratio of step times), got {v!r} for gamma={gamma}")
+        raise ValueError(f"verify_cost: must be a finite number > 0 (a ratio of step times), got {v!r} "
+                         f"for gamma={gamma}")
     return float(v)
 
 def speedup_with_verify_cost(alpha: float, gamma: int, c: float, verify_cost) -> float:

@@ -42,9 +42,9 @@ class MedusaHeads(nn.Module):
         V, d = lm_head_weight.shape
         self.num_heads, self.hidden_size, self.vocab_size = num_heads, d, V
         kw = dict(device=lm_head_weight.device, dtype=lm_head_weight.dtype)
-        self.weight = nn.Parameter(torch.zeros(num_heads, d, d, **kw))   # [K, out, in]: zero, each head starts as the target's
+        self.weight = nn.Parameter(torch.zeros(num_heads, d, d, **kw))   # [K, out, in]: zero: starts as the target
         self.bias = nn.Parameter(torch.zeros(num_heads, d, **kw))        # [K, d]
-        self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)   # [V, d]: the target's tensor
+        self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)   # [V, d]: the target's
 
     @classmethod
     def for_target(cls, target: CausalLM, num_heads: int = 4) -> "MedusaHeads":
@@ -86,20 +86,25 @@ def train_medusa(target: CausalLM, ids: torch.Tensor, num_heads: int = 4, steps:
                  pool_windows: int = 512, batch_positions: int = 2048, lr: float = 3e-3, warmup: int = 20,
                  min_lr_frac: float = 0.1, weight_decay: float = 0.0, seed: int = 0, progress: bool = True):
     """Medusa-1: train `num_heads` heads on a frozen float32 `target` over the token stream `ids` (head i learns token
-    t+i+1 from h_t). Returns the heads (float32) and a log: per-step mean loss, per-head losses, learning rate, seconds."""
+    t+i+1 from h_t). Returns the heads (float32) and a log: per-step mean loss, per-head losses, learning rate,
+    seconds."""
     if target.dtype != torch.float32:
-        raise ValueError(f"target: train on a float32 target (load_model(..., dtype=torch.float32)), got {target.dtype}")
+        raise ValueError(f"target: train on a float32 target (load_model(..., dtype=torch.float32)), "
+                         f"got {target.dtype}")
     t0 = time.time()
-    h_all, labels = hidden_pool(target, ids, pool_windows, seq_len, num_heads, seed=seed, progress=progress)   # [N, d], [K, N]
-    log = {"step": [], "loss": [], "head_loss": [], "lr": [], "pool_positions": len(h_all), "pool_seconds": time.time() - t0}
+    h_all, labels = hidden_pool(target, ids, pool_windows, seq_len, num_heads, seed=seed,
+                                progress=progress)                                        # [N, d], [K, N]
+    log = {"step": [], "loss": [], "head_loss": [], "lr": [], "pool_positions": len(h_all),
+           "pool_seconds": time.time() - t0}
     torch.manual_seed(seed)
     heads, K = MedusaHeads.for_target(target, num_heads).train(), num_heads
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     g = torch.Generator().manual_seed(seed + 1)
     for step in tqdm(range(steps), disable=not progress, desc="medusa"):
-        idx = torch.randint(0, len(h_all), (batch_positions,), generator=g)                  # [P] random pooled positions
+        idx = torch.randint(0, len(h_all), (batch_positions,), generator=g)       # [P] random pooled positions
         logits = heads(h_all[idx])                                                            # [K, P, V]
-        head_loss = F.cross_entropy(logits.flatten(0, 1), labels[:, idx].flatten(), reduction="none").view(K, -1).mean(1)   # [K]
+        head_loss = F.cross_entropy(logits.flatten(0, 1), labels[:, idx].flatten(),
+                                    reduction="none").view(K, -1).mean(1)                      # [K]
         for grp in opt.param_groups: grp["lr"] = _lr_at(step, steps, lr, warmup, min_lr_frac)
         opt.zero_grad(set_to_none=True); head_loss.sum().backward(); opt.step()
         log["step"].append(step); log["loss"].append(head_loss.mean().item())
@@ -141,7 +146,8 @@ def tokens_per_pass(chain: torch.Tensor) -> list[float]:
 def _tensor_names(num_heads: int) -> list[str]:
     return [f"blocks.{i}.layers.0.{p}" for i in range(num_heads) for p in ("weight", "bias")]
 
-def save_medusa(heads: MedusaHeads, path, target: CausalLM, training: dict | None = None, base_model: str | None = None) -> Path:
+def save_medusa(heads: MedusaHeads, path, target: CausalLM, training: dict | None = None,
+                base_model: str | None = None) -> Path:
     "Write `config.json` and `model.safetensors` (the heads' own float32 tensors, no lm_head) to the directory `path`."
     cfg = target.config
     if (heads.hidden_size, heads.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
@@ -149,7 +155,7 @@ def save_medusa(heads: MedusaHeads, path, target: CausalLM, training: dict | Non
                          f"{cfg.hidden_size} / {cfg.vocab_size}")
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for i in range(heads.num_heads):
+    for i in range(heads.num_heads):                                   # vLLM's names: blocks.{i}.layers.0.{weight,bias}
         tensors[f"blocks.{i}.layers.0.weight"] = heads.weight[i].detach().float().cpu().contiguous()   # [d, d]
         tensors[f"blocks.{i}.layers.0.bias"] = heads.bias[i].detach().float().cpu().contiguous()       # [d]
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -161,6 +167,7 @@ def save_medusa(heads: MedusaHeads, path, target: CausalLM, training: dict | Non
     (path / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     return path
 
+# %% ../../nbs/33_medusa.ipynb #97606587
 def _field(conf: dict, name: str, kind: type, cfile: Path):
     if name not in conf: raise ValueError(f"{name}: missing in {cfile}")
     v = conf[name]
@@ -172,7 +179,8 @@ def load_medusa(path, target: CausalLM) -> MedusaHeads:
     "Heads from the directory `path`, checked against `target` and bound to its lm_head (its dtype and device)."
     path = Path(path); cfile, wfile = path / "config.json", path / "model.safetensors"
     for f in (cfile, wfile):
-        if not f.is_file(): raise FileNotFoundError(f"{f}: no such file (a Medusa directory holds config.json and model.safetensors)")
+        if not f.is_file():
+            raise FileNotFoundError(f"{f}: no such file (a Medusa directory holds config.json and model.safetensors)")
     try: conf = json.loads(cfile.read_text())
     except json.JSONDecodeError as e: raise ValueError(f"{cfile}: not valid JSON ({e})") from None
     if not isinstance(conf, dict): raise ValueError(f"{cfile}: expected a JSON object, got {type(conf).__name__}")
@@ -193,12 +201,14 @@ def load_medusa(path, target: CausalLM) -> MedusaHeads:
         names = set(f.keys())
         for n in expected:
             if n not in names: raise ValueError(f"{n}: missing from {wfile} (num_heads is {K} in {cfile})")
-        for n in sorted(names - set(expected)): raise ValueError(f"{n}: unexpected tensor in {wfile} (num_heads is {K})")
+        for n in sorted(names - set(expected)):
+            raise ValueError(f"{n}: unexpected tensor in {wfile} (num_heads is {K})")
         with torch.no_grad():
             for i in range(K):
                 for p, shape in (("weight", (d, d)), ("bias", (d,))):
                     n, t = f"blocks.{i}.layers.0.{p}", f.get_tensor(f"blocks.{i}.layers.0.{p}")
-                    if tuple(t.shape) != shape: raise ValueError(f"{n}: shape {list(t.shape)} in {wfile}, expected {list(shape)}")
+                    if tuple(t.shape) != shape:
+                        raise ValueError(f"{n}: shape {list(t.shape)} in {wfile}, expected {list(shape)}")
                     getattr(heads, p)[i].copy_(t)
     return heads.eval().requires_grad_(False)
 
@@ -219,12 +229,11 @@ def prose_labels(doc: str, enc) -> list[bool]:
     mask = torch.zeros(len(doc) + 1, dtype=torch.bool)
     try:
         for t in pytokenize.generate_tokens(io.StringIO(doc).readline):
-            if t.type == pytokenize.COMMENT or (t.type == pytokenize.STRING and t.string.lstrip("rRbBuUfF")[:3] in ('"' * 3, "'" * 3)):
+            docstring = t.type == pytokenize.STRING and t.string.lstrip("rRbBuUfF")[:3] in ('"' * 3, "'" * 3)
+            if t.type == pytokenize.COMMENT or docstring:
                 mask[line_starts[t.start[0] - 1] + t.start[1]:line_starts[t.end[0] - 1] + t.end[1]] = True
     except (pytokenize.TokenError, SyntaxError): pass                        # a file tokenize refuses: all code
     return [bool(mask[max(e - 1, 0)]) for s, e in enc.offsets]
-
-
 
 # %% ../../nbs/33_medusa.ipynb #26fb634c
 class MedusaProposer(Proposer):
@@ -254,7 +263,7 @@ class MedusaProposer(Proposer):
             row = logits[:k, r]                                                        # [k, V]
             if seq.params.greedy:
                 drafts[i] = Draft(tokens=row.argmax(-1).tolist()); continue
-            probs = probs_from_logits(row, seq.params)                                 # [k, V]: what each draft is drawn from
+            probs = probs_from_logits(row, seq.params)                       # [k, V]: what each draft is drawn from
             g = seq.generator
             draw = probs if g is None or g.device == probs.device else probs.to(g.device)
             drafts[i] = Draft(tokens=torch.multinomial(draw, 1, generator=g).view(-1).tolist(), probs=probs)

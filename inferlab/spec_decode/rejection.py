@@ -34,7 +34,7 @@ def rejection_sample(target_probs: torch.Tensor, draft_tokens: list[int], draft_
         residual = p[i].clone()
         if q is None: residual[x] = 0                     # max(0, p - onehot(x))
         else: residual = (p[i] - q[i]).clamp_(min=0)
-        if not residual.sum() > 0: residual = p[i]        # p == q: a rejection has probability 0; only rounding gets here
+        if not residual.sum() > 0: residual = p[i]        # p == q: a rejection has probability 0 (rounding only)
         out.append(int(torch.multinomial(residual, 1, generator=generator)))
         return out
     out.append(int(torch.multinomial(p[k], 1, generator=generator)))   # every draft accepted: the bonus token
