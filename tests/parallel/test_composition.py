@@ -1,7 +1,9 @@
 """The stack composes: quantization × KV dtype × speculation × (one process, TP=2, DP=2), and EP=2 with fp8 on
 tiny-moe, give the greedy tokens of the one-process engine with the same quantization and KV dtype (speculation is
 lossless, so its reference has none). `make test-slow` runs the whole matrix and prints it; `make test` a cover of
-it in which every level of every factor appears beside parallelism."""
+it in which every level of every factor appears beside parallelism. One engine runs each speculation method in turn,
+so the prefix cache is off: with an 8-bit KV cache a prompt served from cached (quantized) blocks attends to other
+values than one prefilled whole, which would compare the cache, not the combination (tested on its own in tests/engine)."""
 import itertools
 import pytest
 from inferlab.llm import LLM
@@ -24,7 +26,7 @@ def reference(model, quant, kv, prompts):
     "The one-process engine's tokens with this quantization and KV dtype, no speculation (computed once)."
     key = (model, quant, kv)
     if key not in _REF:
-        with LLM(model, dtype="float32", quantization=quant, kv_cache_dtype=kv) as llm:
+        with LLM(model, dtype="float32", quantization=quant, kv_cache_dtype=kv, enable_prefix_caching=False) as llm:
             _REF[key] = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     return _REF[key]
 
@@ -43,7 +45,8 @@ def run_cell(llm, method, prompts):
 def check(model, quant, kv, methods, par, prompts) -> dict:
     "Equal (True/False) per speculation method, on one launch of the engine."
     want, got = reference(model, quant, kv, prompts), {}
-    with LLM(model, dtype="float32", quantization=quant, kv_cache_dtype=kv, **(PAR[par] if isinstance(par, str) else par)) as llm:
+    par = PAR[par] if isinstance(par, str) else par
+    with LLM(model, dtype="float32", quantization=quant, kv_cache_dtype=kv, enable_prefix_caching=False, **par) as llm:
         for m in methods: got[m] = run_cell(llm, m, prompts) == want
     return got
 
