@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from ..model.config import ModelConfig, num_params
 from ..model.model import CausalLM
-from ..testing import llama_100m_config, random_model   # the ~100M config the benchmarks time (chapter 70)
+from ..model.random_weights import llama_100m_config, random_model   # the benchmarks' ~100M Llama
 from ..model.generate import KVCache
 from .linear import QuantLinear
 from .quantize import QuantRecipe, quantize, weight_memory_bytes

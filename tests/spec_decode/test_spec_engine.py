@@ -10,7 +10,7 @@ from inferlab.model.train import read_corpus
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.spec_decode.spec_engine import SpeculativeEngine, SpeculativeConfig
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 
 TINY = shipped_model_path("tiny-dense")
 METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
