@@ -5,7 +5,7 @@
     python tools/check_notebooks.py path/to/a.ipynb    # only these notebooks
 
 A violation is printed as `nbs/NN_x.ipynb cell <id>: ...`, one line each:
-- an exported cell (`#| export`) over 60 lines (fastcore's exported cells have a median of 7 lines): split it, growing
+- an exported cell (`#| export`, `exporti`, `exports`) over 60 lines (fastcore's exported cells have a median of 7 lines): split it, growing
   a class across cells with `@patch`, each piece followed by its demonstration;
 - a code line over 120 columns in any code cell (what the docs site shows without scrolling);
 - an import in an exported cell that the exported module does not use (it becomes a false dependency of the package);
@@ -36,7 +36,7 @@ def directives(src: str) -> list[list[str]]:
     "The `#| name args` lines of a cell, split into words."
     return [l[2:].split() for l in src.splitlines() if l.startswith("#|") and l[2:].split()]
 
-def is_exported(src: str) -> bool: return any(d[0] == "export" for d in directives(src))
+def is_exported(src: str) -> bool: return any(d[0] in ("export", "exporti", "exports") for d in directives(src))
 
 def default_exp(cells) -> str | None:
     for c in cells:

@@ -334,7 +334,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CHECKS]
     if unknown: p.error(f"unknown check(s) {unknown}; known: {list(CHECKS)}")
     if a.interpret_smoke:
-        from inferlab.engine.triton_attention import interpreter_ready
+        from inferlab.engine.triton_runtime import interpreter_ready
         if not interpreter_ready(): print("triton was imported before TRITON_INTERPRET=1 could be set"); return 2
         ctx = Ctx(torch.device("cpu"), a.peak_gbps, a.peak_tflops, smoke=True)
         print("interpreter smoke run: tiny shapes on the CPU; times and bandwidths mean nothing")

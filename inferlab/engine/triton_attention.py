@@ -6,46 +6,18 @@ Docs: https://inferlab.github.io/inferlab/triton_attention.html.md"""
 
 # %% ../../nbs/13b_triton_attention.ipynb #b1219a28
 from __future__ import annotations
-import math
-import os
-import sys
 import torch
-from .paged_attention import (TorchAttention, store_kv_reference, paged_prefill_reference,
-    paged_decode_reference, decode_plan, _decode_columns)
-
-# Without CUDA, Triton can only run kernels in its interpreter, which must be chosen before Triton is first imported.
-if "triton" not in sys.modules and not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
-try:                                  # Triton is optional: without it the torch references run
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = tl = None
+from .paged_attention import TorchAttention
+from .triton_runtime import LazyKernel, dot_dtype, import_triton
 
 # %% auto #0
-__all__ = ['interpreter_ready', 'LazyKernel', 'dot_dtype', 'store_kv_triton', 'decode_num_splits', 'paged_decode_triton',
-           'paged_prefill_triton', 'TritonAttention', 'attention_backend']
+__all__ = ['store_kv_triton', 'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton', 'TritonAttention',
+           'attention_backend']
+
+# %% ../../nbs/13b_triton_attention.ipynb #e33daaa5
+triton, tl = import_triton()          # (None, None) without Triton: the torch references run instead
 
 # %% ../../nbs/13b_triton_attention.ipynb #a9bbc878
-def interpreter_ready() -> bool:
-    "Was Triton imported in interpreter mode (`TRITON_INTERPRET=1`), so its kernels can run on CPU tensors?"
-    return triton is not None and type(tl.sum).__name__ == "InterpretedFunction"
-
-class LazyKernel:
-    "A Triton kernel built on first use: compiled for CUDA, or run by Triton's interpreter for CPU tensors."
-    def __init__(self, fn): self.fn, self._built = fn, None
-
-    def on(self, device: torch.device):
-        if triton is None: raise RuntimeError("triton is not installed: use the *_reference functions")
-        if device.type != "cuda" and not interpreter_ready():
-            raise RuntimeError(f"Triton kernels on {device.type} tensors run in Triton's interpreter: set "
-                               "TRITON_INTERPRET=1 before triton is first imported (or use the *_reference functions)")
-        if self._built is None:
-            if interpreter_ready():
-                from triton.runtime.interpreter import InterpretedFunction
-                self._built = InterpretedFunction(self.fn)
-            else: self._built = triton.jit(self.fn)
-        return self._built
-
 def _next_pow2(x: int) -> int: return 1 << max(0, int(x) - 1).bit_length()
 
 def _quant_args(q, k_scale, v_scale, k_new, v_new) -> tuple:
@@ -53,11 +25,6 @@ def _quant_args(q, k_scale, v_scale, k_new, v_new) -> tuple:
     return tuple(q if t is None else t for t in (k_scale, v_scale, k_new, v_new))
 
 def _strides3(t) -> tuple: return (0, 0, 0) if t is None else t.stride()
-
-def dot_dtype(q: torch.Tensor):
-    "The dtype of the tiles fed to `tl.dot`: the queries' (bf16 goes to fp32 in the interpreter, see above)."
-    if q.dtype == torch.bfloat16 and interpreter_ready(): return tl.float32
-    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
 
 # %% ../../nbs/13b_triton_attention.ipynb #3a4b3dd0
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,

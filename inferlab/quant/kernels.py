@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from .linear import QuantLinear, parse_weight_format, unpack_int4
 from .block_formats import bits_per_element
 from ..model.hardware import GPUSpec, H200          # the peak figures of chapter 09's table
-# Triton as chapter 13a imports it (None when not installed; in interpreter mode on a machine without CUDA)
-from ..engine.triton_attention import LazyKernel, dot_dtype, interpreter_ready, triton, tl
+from ..engine.triton_runtime import LazyKernel, dot_dtype, import_triton, interpreter_ready
 
 # %% auto #0
 __all__ = ['E2M1_VALUES', 'NVFP4_BLOCK', 'bits_per_weight', 'linear_time_s', 'decode_tokens_per_s', 'ridge_batch',
@@ -24,6 +23,9 @@ __all__ = ['E2M1_VALUES', 'NVFP4_BLOCK', 'bits_per_weight', 'linear_time_s', 'de
            'w8a16_matmul_reference', 'fp8_matmul_reference', 'nvfp4_matmul_reference', 'w4a16_matmul_triton',
            'nvfp4_matmul_triton', 'w8a16_matmul_triton', 'fp8_matmul_triton', 'w8a8_matmul_triton', 'quant_matmul_kind',
            'quant_matmul', 'use_gpu_kernels']
+
+# %% ../../nbs/24_quant_kernels.ipynb #256682b2
+triton, tl = import_triton()          # (None, None) without Triton: the references run instead
 
 # %% ../../nbs/24_quant_kernels.ipynb #6e0db8cd
 def bits_per_weight(weights: str | None, in_features: int = 4096) -> float:
