@@ -6,13 +6,14 @@ Docs: https://inferlab.github.io/inferlab/triton_attention.html.md"""
 
 # %% ../../nbs/13b_triton_attention.ipynb #b1219a28
 from __future__ import annotations
+import math
 import torch
 from .paged_attention import TorchAttention
 from .triton_runtime import LazyKernel, dot_dtype, import_triton
 
 # %% auto #0
-__all__ = ['store_kv_triton', 'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton', 'TritonAttention',
-           'attention_backend']
+__all__ = ['store_kv_triton', 'num_splits_for', 'decode_num_splits', 'paged_decode_triton', 'paged_prefill_triton',
+           'TritonAttention', 'attention_backend']
 
 # %% ../../nbs/13b_triton_attention.ipynb #e33daaa5
 triton, tl = import_triton()          # (None, None) without Triton: the torch references run instead
@@ -25,6 +26,35 @@ def _quant_args(q, k_scale, v_scale, k_new, v_new) -> tuple:
     return tuple(q if t is None else t for t in (k_scale, v_scale, k_new, v_new))
 
 def _strides3(t) -> tuple: return (0, 0, 0) if t is None else t.stride()
+
+def _load_kv_tile(ptr, scale_ptr, blk, off, kvh, d, mask, stride_b, stride_t, stride_h, stride_d,
+                  QUANT: tl.constexpr):
+    "Cached keys or values `[BLOCK_N, BLOCK_D]` at block ids `blk` and offsets `off`; 8-bit codes × their scale."
+    x = tl.load(ptr + blk[:, None] * stride_b + off[:, None] * stride_t + kvh * stride_h + d[None, :] * stride_d,
+                mask=mask, other=0.0)
+    if QUANT:
+        x = x.to(tl.float32) * tl.load(scale_ptr + kvh)        # dequantize on read: one scale per KV head
+    return x
+
+def _fresh_tile(x, new_ptr, row, new, kvh, d, stride_t, stride_h, stride_d, HEAD_DIM: tl.constexpr):
+    "Tile `x` `[BLOCK_N, BLOCK_D]` with the rows flagged `new` read in full precision from `new_ptr` at `row`."
+    fresh = tl.load(new_ptr + row[:, None] * stride_t + kvh * stride_h + d[None, :] * stride_d,
+                    mask=new[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+    return tl.where(new[:, None], fresh.to(tl.float32), x.to(tl.float32))
+
+def _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE: tl.constexpr):
+    """Fold one tile into the running softmax: scores `s` `[rows, N]` (log2 units, masked keys -inf) and values
+    `v` `[N, D]` update the running max `m_i`, sum `l_i` and weighted sum `acc` (flash-attention's recurrence)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)                               # rescales what was summed under the old max
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
+    return m_new, l_i, acc
+
+if triton is not None:                                         # called from inside the kernels
+    _load_kv_tile, _fresh_tile, _online_softmax_tile = map(triton.jit, (_load_kv_tile, _fresh_tile,
+                                                                        _online_softmax_tile))
 
 # %% ../../nbs/13b_triton_attention.ipynb #3a4b3dd0
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
@@ -58,18 +88,6 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
         BLOCK_H=_next_pow2(n_kv), BLOCK_D=_next_pow2(head_dim))
 
 # %% ../../nbs/13b_triton_attention.ipynb #d37f8e9c
-def _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE: tl.constexpr):
-    """Fold one tile into the running softmax: scores `s` `[rows, N]` (log2 units, masked keys -inf) and values
-    `v` `[N, D]` update the running max `m_i`, sum `l_i` and weighted sum `acc` (flash-attention's recurrence)."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)                               # rescales what was summed under the old max
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
-    return m_new, l_i, acc
-
-_online_softmax_tile = triton.jit(_online_softmax_tile) if triton is not None else None   # called by both kernels
-
 def _paged_decode_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, qk_scale, window,
         ks_ptr, vs_ptr, kn_ptr, vn_ptr,
@@ -98,13 +116,6 @@ def _paged_decode_kernel(
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :] * stride_qd, mask=q_mask,
                 other=0.0).to(DOT_DTYPE)
 
-    if QUANT:                                                  # 8-bit blocks: one scale per KV head
-        k_scale = tl.load(ks_ptr + kvh)
-        v_scale = tl.load(vs_ptr + kvh)
-    if FRESH:                                                  # this step's own key/value, full precision
-        k_new = tl.load(kn_ptr + b * stride_knb + kvh * stride_knh + d * stride_knd, mask=d < HEAD_DIM, other=0.0)
-        v_new = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + d * stride_vnd, mask=d < HEAD_DIM, other=0.0)
-
     m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)              # running max (log2 units)
     l_i = tl.zeros([BLOCK_G], tl.float32)                      # running sum of 2^(s - m)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)             # running sum of 2^(s - m) v
@@ -112,32 +123,27 @@ def _paged_decode_kernel(
         n = n0 + tl.arange(0, BLOCK_N)                         # token positions of this tile
         ok = (n >= start) & (n < hi)
         blk = tl.load(bt_ptr + b * stride_btb + (n // BLOCK_SIZE) * stride_btn, mask=ok, other=0).to(tl.int64)
-        off = n % BLOCK_SIZE
-        kv_mask = ok[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(kc_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh
-                    + d[None, :] * stride_kd, mask=kv_mask, other=0.0)             # [BLOCK_N, BLOCK_D]
-        if QUANT:
-            k = k.to(tl.float32) * k_scale                     # dequantize on read
-        if FRESH:
-            k = tl.where((n == L - 1)[:, None], k_new.to(tl.float32)[None, :], k.to(tl.float32))
+        off, kv_mask = n % BLOCK_SIZE, ok[:, None] & (d[None, :] < HEAD_DIM)
+        k = _load_kv_tile(kc_ptr, ks_ptr, blk, off, kvh, d, kv_mask, stride_kb, stride_kt, stride_kh, stride_kd, QUANT)
+        v = _load_kv_tile(vc_ptr, vs_ptr, blk, off, kvh, d, kv_mask, stride_vb, stride_vt, stride_vh, stride_vd, QUANT)
+        if FRESH:                                              # this step's own key/value, row b of k_new / v_new
+            own = ok & (n == L - 1)
+            k = _fresh_tile(k, kn_ptr, n * 0 + b, own, kvh, d, stride_knb, stride_knh, stride_knd, HEAD_DIM)
+            v = _fresh_tile(v, vn_ptr, n * 0 + b, own, kvh, d, stride_vnb, stride_vnh, stride_vnd, HEAD_DIM)
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_G, BLOCK_N]
         s = tl.where(ok[None, :], s, float("-inf"))
-        v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
-                    + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if QUANT:
-            v = v.to(tl.float32) * v_scale
-        if FRESH:
-            v = tl.where((n == L - 1)[:, None], v_new.to(tl.float32)[None, :], v.to(tl.float32))
         m_i, l_i, acc = _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)                       # an empty split (or L = 0) writes zeros
-    o = acc / l_safe[:, None]
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :] * stride_od,
-             o.to(out_ptr.dtype.element_ty), mask=q_mask)
+             (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=q_mask)
     if NUM_SPLITS > 1:                                         # log2-sum-exp of this split, -inf when empty
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g < GROUP)
 
+_paged_decode = LazyKernel(_paged_decode_kernel)
+
+# %% ../../nbs/13b_triton_attention.ipynb #4629fdb2
 def _combine_splits_kernel(part_ptr, lse_ptr, out_ptr, stride_pb, stride_ph, stride_ps, stride_pd,
                            stride_lb, stride_lh, stride_ob, stride_oh, stride_od,
                            NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -156,20 +162,22 @@ def _combine_splits_kernel(part_ptr, lse_ptr, out_ptr, stride_pb, stride_ph, str
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d * stride_od, o.to(out_ptr.dtype.element_ty),
              mask=d < HEAD_DIM)
 
-_paged_decode = LazyKernel(_paged_decode_kernel)
 _combine_splits = LazyKernel(_combine_splits_kernel)
-
-# %% ../../nbs/13b_triton_attention.ipynb #4629fdb2
 _SM_COUNT: dict = {}
 
+def num_splits_for(batch: int, num_kv_heads: int, max_len: int, sm_count: int) -> int:
+    "Splits of the key range per (sequence, KV head): two programs per SM, each split >= 256 keys, at most 16."
+    want = -(-2 * sm_count // max(1, batch * num_kv_heads))
+    return max(1, min(want, max_len // 256, 16))
+
 def decode_num_splits(batch: int, num_kv_heads: int, max_len: int, device) -> int:
-    "Splits of the key range per (sequence, KV head) so the GPU is busy; 1 off-GPU."
+    "`num_splits_for` this CUDA device's SM count; 1 off-GPU."
     device = torch.device(device)
     if device.type != "cuda": return 1
     if device not in _SM_COUNT: _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * _SM_COUNT[device] // max(1, batch * num_kv_heads))
-    return max(1, min(want, max_len // 256, 16))
+    return num_splits_for(batch, num_kv_heads, max_len, _SM_COUNT[device])
 
+# %% ../../nbs/13b_triton_attention.ipynb #93ad1e0b
 def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int | None = None,
                         k_scale=None, v_scale=None, k_new=None, v_new=None, *,
                         num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
@@ -189,7 +197,7 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale: floa
         lse, dst = out, out                                    # lse is not written with one split
         dst_strides, lse_strides = (out.stride(0), out.stride(1), 0, out.stride(2)), (0, 0)
     _paged_decode.on(q.device)[(B, n_kv, splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, dst, lse, scale * 1.4426950408889634, int(window or 0),
+        q, k_cache, v_cache, block_tables, seq_lens, dst, lse, scale * math.log2(math.e), int(window or 0),
         *_quant_args(q, k_scale, v_scale, k_new, v_new),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *dst_strides, *lse_strides,
         *_strides3(k_new), *_strides3(v_new),
@@ -233,10 +241,6 @@ def _paged_prefill_kernel(
     if HAS_WINDOW:
         lo = (tl.maximum(L - n_q + mt * BLOCK_M - window + 1, 0) // BLOCK_N) * BLOCK_N
 
-    if QUANT:
-        k_scale = tl.load(ks_ptr + kvh)
-        v_scale = tl.load(vs_ptr + kvh)
-
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -244,34 +248,19 @@ def _paged_prefill_kernel(
         n = n0 + tl.arange(0, BLOCK_N)
         kv_ok = n < hi
         blk = tl.load(bt_ptr + b * stride_btb + (n // BLOCK_SIZE) * stride_btn, mask=kv_ok, other=0).to(tl.int64)
-        off = n % BLOCK_SIZE
-        kv_mask = kv_ok[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(kc_ptr + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh
-                    + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        if QUANT:
-            k = k.to(tl.float32) * k_scale
-        if FRESH:                                              # positions >= L - n_q are this step's tokens
-            new = kv_ok & (n >= L - n_q)
-            row = q_start + n - (L - n_q)                      # their packed rows in k_new / v_new
-            new_mask = new[:, None] & (d[None, :] < HEAD_DIM)
-            k_new = tl.load(kn_ptr + row[:, None] * stride_knt + kvh * stride_knh + d[None, :] * stride_knd,
-                            mask=new_mask, other=0.0)
-            k = tl.where(new[:, None], k_new.to(tl.float32), k.to(tl.float32))
+        off, kv_mask = n % BLOCK_SIZE, kv_ok[:, None] & (d[None, :] < HEAD_DIM)
+        k = _load_kv_tile(kc_ptr, ks_ptr, blk, off, kvh, d, kv_mask, stride_kb, stride_kt, stride_kh, stride_kd, QUANT)
+        v = _load_kv_tile(vc_ptr, vs_ptr, blk, off, kvh, d, kv_mask, stride_vb, stride_vt, stride_vh, stride_vd, QUANT)
+        if FRESH:                                              # positions >= L - n_q are this step's tokens, whose
+            new, row = kv_ok & (n >= L - n_q), q_start + n - (L - n_q)   # packed rows in k_new / v_new are `row`
+            k = _fresh_tile(k, kn_ptr, row, new, kvh, d, stride_knt, stride_knh, stride_knd, HEAD_DIM)
+            v = _fresh_tile(v, vn_ptr, row, new, kvh, d, stride_vnt, stride_vnh, stride_vnd, HEAD_DIM)
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale   # [BLOCK_M, BLOCK_N]
         rel = q_pos[:, None] - n[None, :]                      # how far back each key is from each query
         ok = row_ok[:, None] & kv_ok[None, :] & (rel >= 0)
         if HAS_WINDOW:
             ok = ok & (rel < window)
-        s = tl.where(ok, s, float("-inf"))
-        v = tl.load(vc_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh
-                    + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if QUANT:
-            v = v.to(tl.float32) * v_scale
-        if FRESH:
-            v_new = tl.load(vn_ptr + row[:, None] * stride_vnt + kvh * stride_vnh + d[None, :] * stride_vnd,
-                            mask=new_mask, other=0.0)
-            v = tl.where(new[:, None], v_new.to(tl.float32), v.to(tl.float32))
-        m_i, l_i, acc = _online_softmax_tile(s, v, m_i, l_i, acc, DOT_DTYPE)
+        m_i, l_i, acc = _online_softmax_tile(tl.where(ok, s, float("-inf")), v, m_i, l_i, acc, DOT_DTYPE)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :] * stride_od,
@@ -279,6 +268,7 @@ def _paged_prefill_kernel(
 
 _paged_prefill = LazyKernel(_paged_prefill_kernel)
 
+# %% ../../nbs/13b_triton_attention.ipynb #3f8c5a92
 def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
                          window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None, *,
                          max_seqlen_q: int | None = None, block_m: int | None = None,
@@ -293,7 +283,7 @@ def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_le
     block_m = block_m or min(64, max(16, _next_pow2(max_seqlen_q)))
     block_n = block_n or 64
     _paged_prefill.on(q.device)[(triton.cdiv(max_seqlen_q, block_m), B, n_heads)](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale * 1.4426950408889634,
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale * math.log2(math.e),
         int(window or 0), *_quant_args(q, k_scale, v_scale, k_new, v_new),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
         *_strides3(k_new), *_strides3(v_new),
@@ -308,7 +298,8 @@ class TritonAttention(TorchAttention):
     name = "triton"
     uses_plans = False    # the kernels read the block tables themselves
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None):
-        if k_scale is not None: return super().store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
+        if k_scale is not None:
+            return super().store_kv(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
         store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float, window=None,
@@ -318,12 +309,14 @@ class TritonAttention(TorchAttention):
 
     def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, window=None, plan=None,
                k_scale=None, v_scale=None, k_new=None, v_new=None):
-        return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window, k_scale, v_scale, k_new, v_new)
+        return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window, k_scale, v_scale,
+                                   k_new, v_new)
 
 def attention_backend(device, name: str | None = None) -> TorchAttention:
     "The backend for `device`, chosen once: Triton on CUDA when Triton is installed, else the torch reference."
     device = torch.device(device)
     if name is None: name = "triton" if device.type == "cuda" and triton is not None else "torch"
-    if name not in ("torch", "triton"): raise ValueError(f"attention_backend: {name!r} is not one of 'torch', 'triton'")
+    if name not in ("torch", "triton"):
+        raise ValueError(f"attention_backend: {name!r} is not one of 'torch', 'triton'")
     if name == "triton" and triton is None: raise ValueError("attention_backend: 'triton' needs triton installed")
     return TritonAttention() if name == "triton" else TorchAttention()
