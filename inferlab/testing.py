@@ -68,4 +68,3 @@ def dense_prefill(pb: PagedBatch, scale, window=None):
         mask = attention_mask(torch.arange(L - (e - s), L), torch.arange(L), window)
         outs.append(sdpa_reference(pb.q[None, s:e].float(), k[None].float(), v[None].float(), mask, scale)[0])
     return torch.cat(outs)
-
