@@ -5,8 +5,8 @@
     python tools/check_notebooks.py path/to/a.ipynb    # only these notebooks
 
 A violation is printed as `nbs/NN_x.ipynb cell <id>: ...`, one line each:
-- an exported cell (`#| export`, `exporti`, `exports`) over 60 lines (fastcore's exported cells have a median of 7 lines): split it, growing
-  a class across cells with `@patch`, each piece followed by its demonstration;
+- an exported cell (`#| export`, `exporti`, `exports`) over 60 lines (fastcore's exported cells have a median of 7
+  lines): split it, growing a class across cells with `@patch`, each piece followed by its demonstration;
 - a code line over 120 columns in any code cell (what the docs site shows without scrolling);
 - an import in an exported cell that the exported module does not use (it becomes a false dependency of the package);
   names listed in `__all__`/`_all_`, imports in a package's `__init__` (re-exports), `from __future__` and lines
