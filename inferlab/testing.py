@@ -1,4 +1,4 @@
-"""The fixtures chapters and tests share: a random paged batch with its dense twin (chapter 13's kernels are checked against it), seeded random-weight models of any config, the ~100M-parameter Llama config the benchmarks time.
+"""What chapters and tests share to check paged attention: a random batch of sequences in a shuffled block pool, with its dense twin and the dense oracle every paged path is checked against.
 
 Docs: https://inferlab.github.io/inferlab/testing.html.md"""
 
@@ -8,14 +8,11 @@ Docs: https://inferlab.github.io/inferlab/testing.html.md"""
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
-from .model.config import ModelConfig
-from .model.model import CausalLM
-from .model.train import init_weights
 from .model.layers import attention_mask, sdpa_reference
 from .engine.paged_attention import store_kv_reference, slots_from_block_table
 
 # %% auto #0
-__all__ = ['PagedBatch', 'make_paged_batch', 'dense_prefill', 'llama_100m_config', 'random_model']
+__all__ = ['PagedBatch', 'make_paged_batch', 'dense_prefill']
 
 # %% ../nbs/19_testing.ipynb #e65d96c3
 @dataclass
@@ -71,17 +68,3 @@ def dense_prefill(pb: PagedBatch, scale, window=None):
         mask = attention_mask(torch.arange(L - (e - s), L), torch.arange(L), window)
         outs.append(sdpa_reference(pb.q[None, s:e].float(), k[None].float(), v[None].float(), mask, scale)[0])
     return torch.cat(outs)
-
-
-# %% ../nbs/19_testing.ipynb #095c8a2b
-def llama_100m_config() -> ModelConfig:
-    return ModelConfig(architecture="LlamaForCausalLM", vocab_size=32000, hidden_size=768, intermediate_size=2048,
-                       num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-                       tie_word_embeddings=True, max_position_embeddings=2048, rms_norm_eps=1e-5)
-
-def random_model(cfg: ModelConfig, seed: int = 0) -> CausalLM:
-    "A float32 model with the training chapter's seeded initialisation (`init_weights`), ready for inference."
-    m = CausalLM(cfg)
-    init_weights(m, seed)
-    return m.eval().requires_grad_(False)
-

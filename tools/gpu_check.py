@@ -137,7 +137,7 @@ def parse(argv):
 def main(argv=None) -> int:
     a, names = parse(argv)
     if a.smoke:
-        from inferlab.engine.triton_attention import interpreter_ready
+        from inferlab.engine.triton_runtime import interpreter_ready
         if not interpreter_ready():
             print("gpu_check: triton was imported before TRITON_INTERPRET=1 could be set; run the script itself")
             return 2

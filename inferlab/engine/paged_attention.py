@@ -1,4 +1,4 @@
-"""Keys and values live in fixed-size blocks scattered over a pool: write them by slot, gather them by block table, and attend — as a torch reference for the CPU and as Triton kernels (flash-decoding and paged prefill) for the GPU.
+"""Keys and values live in fixed-size blocks scattered over a pool: write them by slot, gather them by block table, and attend — the torch references, which are the CPU path of the engine and the oracle the Triton kernels of chapter 13b are checked against.
 
 Docs: https://inferlab.github.io/inferlab/paged_attention.html.md"""
 
@@ -7,12 +7,8 @@ Docs: https://inferlab.github.io/inferlab/paged_attention.html.md"""
 # %% ../../nbs/13_paged_attention.ipynb #c4c00300
 from __future__ import annotations
 import math
-import os
-import sys
-from dataclasses import dataclass
 import torch
 from ..model.layers import attention_mask
-
 
 # %% auto #0
 __all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'store_kv_reference', 'gather_kv',
@@ -35,17 +31,20 @@ def kv_scale(x, dtype, headroom: float = 2.0) -> torch.Tensor:
     return (x.float().abs().amax(dim=dims) * headroom / KV_QMAX[dtype]).clamp(min=1e-8)
 
 def kv_quantize(x, scale, dtype):
-    "Keys or values `[tokens, kv_heads, head_dim]` → codes of `dtype`, with one float32 scale per KV head `[kv_heads]`."
+    "Keys or values `[tokens, kv_heads, head_dim]` → codes of `dtype`, one float32 scale per KV head `[kv_heads]`."
     y, qmax = x.float() / scale[:, None], KV_QMAX[dtype]
     if dtype == torch.int8: return y.round().clamp(-qmax, qmax).to(torch.int8)
-    return y.clamp(-qmax, qmax).to(dtype)            # saturate: a bare cast turns overflow into NaN
+    return y.clamp(-qmax, qmax).to(dtype)            # saturate: E4M3 has no infinity, and a cast may give NaN
 
+# %% ../../nbs/13_paged_attention.ipynb #b21074b3
 def _raw(t):
     "Bytes view for data movement: CPU indexing kernels do not all exist for float8."
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
-def store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None) -> None:
-    "Write k, v `[num_tokens, kv_heads, head_dim]` at `slot_mapping` `[num_tokens]` (−1: skip), in place; quantize if scales are given."
+def store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None,
+                       v_scale=None) -> None:
+    """Write k, v `[num_tokens, kv_heads, head_dim]` at `slot_mapping` `[num_tokens]` (−1: skip), in place;
+    quantize first if scales are given."""
     if k_scale is not None: k, v = kv_quantize(k, k_scale, k_cache.dtype), kv_quantize(v, v_scale, v_cache.dtype)
     k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     if all_valid:   # the engine never pads: one copy per tensor, no mask
@@ -103,7 +102,6 @@ def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq
         out[s:e] = o[0].transpose(0, 1).to(q.dtype)                                 # [n, q_heads, head_dim]
     return out
 
-
 # %% ../../nbs/13_paged_attention.ipynb #a283065b
 def _decode_columns(seq_lens: torch.Tensor, block_size: int, window: int | None):
     "Block-table columns `[B, nb]` each decode query reads, and which of their key positions are real `[B, nb * bs]`."
@@ -122,9 +120,10 @@ def _decode_columns(seq_lens: torch.Tensor, block_size: int, window: int | None)
 
 def decode_plan(block_tables, seq_lens, block_size: int, window: int | None = None, max_waste: float = 2.0):
     """What each layer of a decode step gathers, computed once per step: a list of groups `(rows, block ids [g * nb],
-    valid-key mask [g, nb * bs])`. Sequences are sorted by length and grouped so that padding a group to its longest
-    reads at most `max_waste` times the keys its shortest needs (one group, `rows=None`, when lengths are close)."""
-    lens = seq_lens.tolist()
+    valid-key mask [g, nb * bs])`. Sequences are sorted by the keys they read (their length, at most the window)
+    and grouped so that padding a group to its longest reads at most `max_waste` times the keys its shortest needs
+    (one group, `rows=None`, when those are close)."""
+    lens = [min(L, window) if window else L for L in seq_lens.tolist()]   # keys each query reads
     order = sorted(range(len(lens)), key=lens.__getitem__)
     groups, cur = [], []
     for i in order:
@@ -139,6 +138,7 @@ def decode_plan(block_tables, seq_lens, block_size: int, window: int | None = No
         plans.append((rows, torch.gather(bt.long(), 1, cols).clamp(min=0).flatten(), valid))
     return plans
 
+# %% ../../nbs/13_paged_attention.ipynb #388bd9a8
 def paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale: float,
                            window: int | None = None, plan=None, k_scale=None, v_scale=None,
                            k_new=None, v_new=None) -> torch.Tensor:
@@ -203,7 +203,7 @@ def online_softmax_attention(s: torch.Tensor, v: torch.Tensor, tile: int, trace:
 class TorchAttention:
     "The attention backend interface, implemented by the torch references (any device)."
     name = "torch"
-    uses_plans = True     # the caller builds `prefill_plan` / `decode_plan` once per step and passes them to every layer
+    uses_plans = True     # the caller builds `prefill_plan` / `decode_plan` once per step, for every layer
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, all_valid: bool = False, k_scale=None, v_scale=None):
         "Write k, v `[num_tokens, kv_heads, head_dim]` into the paged cache at `slot_mapping` (−1: skip), in place."
         store_kv_reference(k, v, k_cache, v_cache, slot_mapping, all_valid, k_scale, v_scale)
@@ -217,5 +217,5 @@ class TorchAttention:
     def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, window=None, plan=None,
                k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
         "Attention of one query per sequence `[B, q_heads, head_dim]` at position seq_lens-1 (`plan`: `decode_plan`)."
-        return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan, k_scale, v_scale,
-                                      k_new, v_new)
+        return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan,
+                                      k_scale, v_scale, k_new, v_new)

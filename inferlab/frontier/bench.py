@@ -13,7 +13,7 @@ from ..model.model import CausalLM, load_model, ours_to_hf, config_to_hf
 from ..model.sampling import SamplingParams
 from ..engine.kv_memory import kv_bytes_per_token
 from ..engine.llm_engine import LLMEngine, EngineConfig
-from ..testing import random_model, llama_100m_config
+from ..model.random_weights import random_model, llama_100m_config
 
 # %% auto #0
 __all__ = ['OFFLINE_BATCHES', 'memory_bandwidth', 'hf_twin', 'random_requests', 'corpus_token_ids', 'text_workload',

@@ -13,7 +13,7 @@ from ..model.config import ModelConfig, shipped_model_path
 from ..model.model import load_model, save_model
 from ..engine.llm_engine import LLMEngine, EngineConfig
 from .bench import bench_workloads, run_engine, inferlab_decode_rate
-from ..testing import random_model, llama_100m_config
+from ..model.random_weights import random_model, llama_100m_config
 
 # %% auto #0
 __all__ = ['KV_CACHE_GIB', 'write_checkpoints', 'VllmPeer', 'inferlab_startup', 'vs_vllm', 'main']

@@ -15,15 +15,17 @@ import torch.nn.functional as F
 from .linear import QuantLinear, parse_weight_format, unpack_int4
 from .block_formats import bits_per_element
 from ..model.hardware import GPUSpec, H200          # the peak figures of chapter 09's table
-# Triton as chapter 13a imports it (None when not installed; in interpreter mode on a machine without CUDA)
-from ..engine.triton_attention import LazyKernel, dot_dtype, interpreter_ready, triton, tl
+from ..engine.triton_runtime import LazyKernel, dot_dtype, import_triton, interpreter_ready
 
 # %% auto #0
 __all__ = ['E2M1_VALUES', 'NVFP4_BLOCK', 'bits_per_weight', 'linear_time_s', 'decode_tokens_per_s', 'ridge_batch',
            'w4a16_matmul_reference', 'quantize_per_token', 'int8_matmul_int32', 'w8a8_matmul_reference',
-           'w8a16_matmul_reference', 'fp8_matmul_reference', 'nvfp4_matmul_reference', 'w4a16_matmul_triton',
-           'nvfp4_matmul_triton', 'w8a16_matmul_triton', 'fp8_matmul_triton', 'w8a8_matmul_triton', 'quant_matmul_kind',
-           'quant_matmul', 'use_gpu_kernels']
+           'w8a16_matmul_reference', 'fp8_matmul_reference', 'nvfp4_matmul_reference', 'split_k_for',
+           'w4a16_matmul_triton', 'nvfp4_matmul_triton', 'w8a16_matmul_triton', 'fp8_matmul_triton',
+           'w8a8_matmul_triton', 'quant_matmul_kind', 'quant_matmul', 'use_gpu_kernels']
+
+# %% ../../nbs/24_quant_kernels.ipynb #256682b2
+triton, tl = import_triton()          # (None, None) without Triton: the references run instead
 
 # %% ../../nbs/24_quant_kernels.ipynb #6e0db8cd
 def bits_per_weight(weights: str | None, in_features: int = 4096) -> float:
@@ -59,11 +61,13 @@ def _check_int4(x, qweight, scale, group_size: int):
     if not isinstance(group_size, int) or group_size < 2 or group_size % 2 or (2 * Kh) % group_size:
         raise ValueError(f"group_size: must be an even number dividing the padded K = {2 * Kh}, got {group_size!r}")
     if tuple(scale.shape) != (N, 2 * Kh // group_size):
-        raise ValueError(f"scale: expected shape [{N}, {2 * Kh // group_size}] for qweight {list(qweight.shape)}, got {list(scale.shape)}")
+        raise ValueError(f"scale: expected shape [{N}, {2 * Kh // group_size}] for qweight {list(qweight.shape)}, "
+                         f"got {list(scale.shape)}")
     if not 2 * Kh - group_size < x.shape[-1] <= 2 * Kh:
         raise ValueError(f"x: last dimension {x.shape[-1]} does not match qweight's padded K = {2 * Kh}")
 
-def w4a16_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
+def w4a16_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                           group_size: int) -> torch.Tensor:
     "x `[..., K]` times int4-per-group weights (`qweight` uint8 `[N, Kp/2]`, `scale` `[N, Kp/g]`): `[..., N]`."
     _check_int4(x, qweight, scale, group_size)
     codes = unpack_int4(qweight)                                          # [N, Kp] int8 in [-8, 7]
@@ -79,7 +83,8 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def int8_matmul_int32(a: torch.Tensor, b: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     "Exact `a @ b.T` for int8 `a` `[M, K]`, `b` `[N, K]`, as int32 `[M, N]`: float32 GEMMs on column chunks."
-    if a.dtype != torch.int8 or b.dtype != torch.int8: raise ValueError(f"a, b: expected int8, got {a.dtype}, {b.dtype}")
+    if a.dtype != torch.int8 or b.dtype != torch.int8:
+        raise ValueError(f"a, b: expected int8, got {a.dtype}, {b.dtype}")
     if chunk > 1024: raise ValueError(f"chunk: above 1024 columns float32 sums may exceed 2^24 and round, got {chunk}")
     out = torch.zeros(a.shape[0], b.shape[0], dtype=torch.int32, device=a.device)
     for k in range(0, a.shape[1], chunk):
@@ -87,7 +92,7 @@ def int8_matmul_int32(a: torch.Tensor, b: torch.Tensor, chunk: int = 1024) -> to
     return out
 
 def w8a8_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    "x `[..., K]` float, quantized per token; `qweight` int8 `[N, K]`, `w_scale` `[N]` or `[1]`: `[..., N]` in x's dtype."
+    "x `[..., K]` float, quantized per token; `qweight` int8 `[N, K]`, `w_scale` `[N]` or `[1]`: `[..., N]`, x's dtype."
     N, K = qweight.shape
     if qweight.dtype != torch.int8: raise ValueError(f"qweight: expected int8 codes, got {qweight.dtype}")
     if x.shape[-1] != K: raise ValueError(f"x: last dimension {x.shape[-1]} != qweight's K = {K}")
@@ -101,7 +106,8 @@ def w8a16_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.
     "x `[..., K]` times 8-bit weight codes (int8 or float8_e4m3fn) `[N, K]` with a scale per row `[N]` (or `[1]`)."
     if qweight.dtype not in (torch.int8, torch.float8_e4m3fn):
         raise ValueError(f"qweight: expected int8 or float8_e4m3fn codes, got {qweight.dtype}")
-    if x.shape[-1] != qweight.shape[1]: raise ValueError(f"x: last dimension {x.shape[-1]} != qweight's K = {qweight.shape[1]}")
+    if x.shape[-1] != qweight.shape[1]:
+        raise ValueError(f"x: last dimension {x.shape[-1]} != qweight's K = {qweight.shape[1]}")
     w = qweight.float() * scale.float().reshape(-1, 1)                  # [N, K]
     return F.linear(x, w.to(x.dtype))
 
@@ -134,7 +140,8 @@ def nvfp4_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, block_scale: 
 
 # %% ../../nbs/24_quant_kernels.ipynb #c9a0bf93
 def _matmul_4bit_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, K, KH, tiles_per_split,
-                        stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_os, stride_om, stride_on,
+                        stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sg,
+                        stride_os, stride_om, stride_on,
                         GROUP: tl.constexpr, NVFP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_KH: tl.constexpr, DOT_DTYPE: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -146,19 +153,22 @@ def _matmul_4bit_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, K, KH, tiles
     for t in range(first, last):
         j = t * BLOCK_KH + tl.arange(0, BLOCK_KH)                # [BLOCK_KH] byte columns: weights 2j and 2j+1
         x_rows = x_ptr + rm[:, None] * stride_xm
-        x_even = tl.load(x_rows + (2 * j)[None, :] * stride_xk, mask=(rm[:, None] < M) & ((2 * j)[None, :] < K), other=0.0)
-        x_odd = tl.load(x_rows + (2 * j + 1)[None, :] * stride_xk, mask=(rm[:, None] < M) & ((2 * j + 1)[None, :] < K), other=0.0)
+        even, odd = (2 * j)[None, :], (2 * j + 1)[None, :]
+        x_even = tl.load(x_rows + even * stride_xk, mask=(rm[:, None] < M) & (even < K), other=0.0)
+        x_odd = tl.load(x_rows + odd * stride_xk, mask=(rm[:, None] < M) & (odd < K), other=0.0)
         w_mask = (j[:, None] < KH) & (rn[None, :] < N)
-        b = tl.load(w_ptr + rn[None, :] * stride_wn + j[:, None] * stride_wk, mask=w_mask, other=0)   # [BLOCK_KH, BLOCK_N] bytes
+        b = tl.load(w_ptr + rn[None, :] * stride_wn + j[:, None] * stride_wk, mask=w_mask, other=0)   # [KH, N] bytes
         s = tl.load(s_ptr + rn[None, :] * stride_sn + ((2 * j) // GROUP)[:, None] * stride_sg, mask=w_mask, other=0)
         nib = tl.join(b & 0xF, b >> 4).to(tl.int32)              # [BLOCK_KH, BLOCK_N, 2]: (low, high) nibble
-        if NVFP4:                                                # E2M1 `s e e m` and E4M3 `s eeee mmm`, bits placed in a float32
+        if NVFP4:                                                # E2M1 `s e e m`, bits placed in a float32
             e, m = (nib >> 1) & 3, nib & 1
-            mag = tl.where(e == 0, m.to(tl.float32) * 0.5, (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True))
+            mag = tl.where(e == 0, m.to(tl.float32) * 0.5,
+                           (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True))
             val = tl.where((nib & 8) != 0, -mag, mag)
-            sb = s.to(tl.int32)
+            sb = s.to(tl.int32)                                  # E4M3 scale `s eeee mmm` (positive)
             se, sm = (sb >> 3) & 15, sb & 7
-            s = tl.where(se == 0, sm.to(tl.float32) * 0.001953125, (((se + 120) << 23) | (sm << 20)).to(tl.float32, bitcast=True))
+            s = tl.where(se == 0, sm.to(tl.float32) * 0.001953125,
+                         (((se + 120) << 23) | (sm << 20)).to(tl.float32, bitcast=True))
         else:
             val = (nib - 8).to(tl.float32)                       # codes are stored +8
             s = s.to(tl.float32)
@@ -184,13 +194,19 @@ class _Plan:
     out: torch.Tensor               # [split_k, M, N]: x's dtype when split_k == 1, else float32 partials
 
     @property
-    def grid(self): return (triton.cdiv(self.out.shape[1], self.block_m), triton.cdiv(self.out.shape[2], self.block_n), self.split_k)
+    def grid(self):
+        return (triton.cdiv(self.out.shape[1], self.block_m), triton.cdiv(self.out.shape[2], self.block_n),
+                self.split_k)
 
     def result(self, dtype) -> torch.Tensor:
         return self.out[0] if self.split_k == 1 else self.out.sum(0).to(dtype)     # [M, N]
 
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+def split_k_for(k_tiles: int, output_tiles: int, sm_count: int) -> int:
+    "K splits so `output_tiles` × splits gives about two programs per SM: at most one per K tile, and 16."
+    return max(1, min(k_tiles, 16, 2 * sm_count // output_tiles))
 
 def _plan(x2: torch.Tensor, N: int, K: int, out_dtype, block_m=None, block_n=None, block_k=None, split_k=None) -> _Plan:
     "Tile sizes and K splits for `x2` `[M, K]` times a weight `[N, K]` (K counts weights, not bytes)."
@@ -199,19 +215,23 @@ def _plan(x2: torch.Tensor, N: int, K: int, out_dtype, block_m=None, block_n=Non
     bn = block_n or (64 if M <= 64 else 128)
     bk = block_k or (128 if M <= 16 else 64)
     for name, v, lo in (("block_m", bm, 16), ("block_n", bn, 16), ("block_k", bk, 32)):
-        if v < lo or v & (v - 1): raise ValueError(f"{name}: must be a power of two >= {lo} (tl.dot's smallest tile), got {v}")
-    k_tiles = triton.cdiv(K, bk)
-    tiles_mn = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    if split_k is None: split_k = max(1, min(k_tiles, 16, 2 * _num_sms(x2.device) // tiles_mn)) if x2.is_cuda else 1
-    if not isinstance(split_k, int) or split_k < 1: raise ValueError(f"split_k: must be a positive integer, got {split_k!r}")
+        if v < lo or v & (v - 1):
+            raise ValueError(f"{name}: must be a power of two >= {lo} (tl.dot's smallest tile), got {v}")
+    k_tiles, tiles_mn = triton.cdiv(K, bk), triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    if split_k is None:
+        split_k = split_k_for(k_tiles, tiles_mn, _num_sms(x2.device)) if x2.is_cuda else 1
+    if not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"split_k: must be a positive integer, got {split_k!r}")
     per_split = triton.cdiv(k_tiles, split_k)
     split_k = triton.cdiv(k_tiles, per_split)                  # no empty splits
     out = torch.empty((split_k, M, N), dtype=torch.float32 if split_k > 1 else out_dtype, device=x2.device)
     return _Plan(bm, bn, bk, split_k, per_split, out)
 
+# %% ../../nbs/24_quant_kernels.ipynb #0c5b96d2
 def _rows(x: torch.Tensor) -> torch.Tensor:
     "x `[..., K]` → `[M, K]`."
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16): raise ValueError(f"x: expected float32/16 or bfloat16, got {x.dtype}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"x: expected float32/16 or bfloat16, got {x.dtype}")
     if triton is None: raise RuntimeError("triton is not installed: use the *_reference functions")
     return x.reshape(-1, x.shape[-1])
 
@@ -220,9 +240,10 @@ def _launch_4bit(x, qweight, scale, tensor_scale, group: int, nvfp4: bool, tiles
     p = _plan(x2, N, 2 * Kh, x.dtype, **tiles)
     if x2.shape[0]:
         _matmul_4bit.on(x.device)[p.grid](
-            x2, qweight, scale, scale if tensor_scale is None else tensor_scale, p.out, x2.shape[0], N, x2.shape[1], Kh,
-            p.tiles_per_split, *x2.stride(), *qweight.stride(), *scale.stride(), *p.out.stride(),
-            GROUP=group, NVFP4=nvfp4, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KH=p.block_k // 2, DOT_DTYPE=dot_dtype(x2))
+            x2, qweight, scale, scale if tensor_scale is None else tensor_scale, p.out, x2.shape[0], N,
+            x2.shape[1], Kh, p.tiles_per_split, *x2.stride(), *qweight.stride(), *scale.stride(), *p.out.stride(),
+            GROUP=group, NVFP4=nvfp4, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KH=p.block_k // 2,
+            DOT_DTYPE=dot_dtype(x2))
     return p.result(x.dtype).reshape(*x.shape[:-1], N)
 
 def w4a16_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group_size: int,
@@ -231,8 +252,8 @@ def w4a16_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Ten
     _check_int4(x, qweight, scale, group_size)
     return _launch_4bit(x, qweight, scale, None, group_size, False, tiles)
 
-def nvfp4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, block_scale: torch.Tensor, tensor_scale: torch.Tensor,
-                        **tiles) -> torch.Tensor:
+def nvfp4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, block_scale: torch.Tensor,
+                        tensor_scale: torch.Tensor, **tiles) -> torch.Tensor:
     "`nvfp4_matmul_reference` as a Triton kernel: E2M1 codes and E4M3 block scales decoded in registers."
     _check_nvfp4(x, qweight, block_scale)
     ts = tensor_scale.float().reshape(1).to(x.device)
@@ -241,8 +262,8 @@ def nvfp4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, block_scale: tor
 # %% ../../nbs/24_quant_kernels.ipynb #65bb185e
 def _matmul_8bit_kernel(x_ptr, w_ptr, s_ptr, xs_ptr, out_ptr, M, N, K, tiles_per_split,
                         stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om, stride_on,
-                        INT8_DOT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        DOT_DTYPE: tl.constexpr):
+                        INT8_DOT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                 # [BLOCK_M] rows of x
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                 # [BLOCK_N] output features
@@ -251,13 +272,16 @@ def _matmul_8bit_kernel(x_ptr, w_ptr, s_ptr, xs_ptr, out_ptr, M, N, K, tiles_per
     last = tl.minimum(first + tiles_per_split, tl.cdiv(K, BLOCK_K))
     for t in range(first, last):
         k = t * BLOCK_K + tl.arange(0, BLOCK_K)                  # [BLOCK_K]
-        xt = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :] * stride_xk, mask=(rm[:, None] < M) & (k[None, :] < K), other=0)
-        wt = tl.load(w_ptr + rn[None, :] * stride_wn + k[:, None] * stride_wk, mask=(k[:, None] < K) & (rn[None, :] < N), other=0)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :] * stride_xk,
+                     mask=(rm[:, None] < M) & (k[None, :] < K), other=0)
+        wt = tl.load(w_ptr + rn[None, :] * stride_wn + k[:, None] * stride_wk,
+                     mask=(k[:, None] < K) & (rn[None, :] < N), other=0)
         if FP8: wt = wt.to(tl.float8e4nv, bitcast=True)          # loaded as bytes: a masked byte 0 is +0.0
         if INT8_DOT: acc += tl.dot(xt, wt, out_dtype=tl.int32)  # int8 x int8 -> int32: exact
-        else: acc += tl.dot(xt.to(DOT_DTYPE), wt.to(DOT_DTYPE), input_precision="ieee")   # codes are exact in 16 bits
-    res = acc.to(tl.float32) * tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]   # row scales, after the sum
-    if INT8_DOT: res = res * tl.load(xs_ptr + rm, mask=rm < M, other=0.0)[:, None]                    # token scales
+        else: acc += tl.dot(xt.to(DOT_DTYPE), wt.to(DOT_DTYPE), input_precision="ieee")   # codes exact in 16 bits
+    row_scale = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    res = acc.to(tl.float32) * row_scale[None, :]                # row scales, after the sum
+    if INT8_DOT: res = res * tl.load(xs_ptr + rm, mask=rm < M, other=0.0)[:, None]    # token scales
     tl.store(out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :] * stride_on,
              res.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -267,22 +291,24 @@ def _launch_8bit(xk, x_scale, qweight, scale, out_dtype, out_shape, tiles: dict)
     "xk `[M, K]` (floats, or int8 codes with `x_scale` `[M]`) times 8-bit codes `[N, K]`, scaled per row."
     N, K = qweight.shape
     s = scale.float().reshape(-1).expand(N).contiguous()                 # per tensor [1] -> per row [N]
-    int8_dot = x_scale is not None
-    fp8 = qweight.dtype == torch.float8_e4m3fn
+    int8_dot, fp8 = x_scale is not None, qweight.dtype == torch.float8_e4m3fn
     p = _plan(xk, N, K, out_dtype, **tiles)
     if xk.shape[0]:
         _matmul_8bit.on(xk.device)[p.grid](
-            xk, qweight.view(torch.uint8) if fp8 else qweight, s, s if x_scale is None else x_scale, p.out, xk.shape[0], N, K, p.tiles_per_split,
-            *xk.stride(), *qweight.stride(), *p.out.stride(), INT8_DOT=int8_dot, FP8=fp8, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
-            BLOCK_K=p.block_k, DOT_DTYPE=tl.float32 if int8_dot else dot_dtype(xk))
+            xk, qweight.view(torch.uint8) if fp8 else qweight, s, s if x_scale is None else x_scale, p.out,
+            xk.shape[0], N, K, p.tiles_per_split, *xk.stride(), *qweight.stride(), *p.out.stride(),
+            INT8_DOT=int8_dot, FP8=fp8, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
+            DOT_DTYPE=tl.float32 if int8_dot else dot_dtype(xk))
     return p.result(out_dtype).reshape(*out_shape, N)
 
+# %% ../../nbs/24_quant_kernels.ipynb #2a9e6c07
 def w8a16_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, **tiles) -> torch.Tensor:
     "`w8a16_matmul_reference` as a Triton kernel: int8 or FP8 codes converted in registers, row scales after the sum."
     if qweight.dtype not in (torch.int8, torch.float8_e4m3fn):
         raise ValueError(f"qweight: expected int8 or float8_e4m3fn codes, got {qweight.dtype}")
     x2 = _rows(x)
-    if x2.shape[1] != qweight.shape[1]: raise ValueError(f"x: last dimension {x2.shape[1]} != qweight's K = {qweight.shape[1]}")
+    if x2.shape[1] != qweight.shape[1]:
+        raise ValueError(f"x: last dimension {x2.shape[1]} != qweight's K = {qweight.shape[1]}")
     return _launch_8bit(x2, None, qweight, scale, x.dtype, x.shape[:-1], tiles)
 
 def fp8_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, **tiles) -> torch.Tensor:
@@ -294,7 +320,8 @@ def w8a8_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Te
     "`w8a8_matmul_reference` as a Triton kernel: per-token int8 activations (torch), int8 x int8 -> int32 `tl.dot`."
     if qweight.dtype != torch.int8: raise ValueError(f"qweight: expected int8 codes, got {qweight.dtype}")
     x2 = _rows(x)
-    if x2.shape[1] != qweight.shape[1]: raise ValueError(f"x: last dimension {x2.shape[1]} != qweight's K = {qweight.shape[1]}")
+    if x2.shape[1] != qweight.shape[1]:
+        raise ValueError(f"x: last dimension {x2.shape[1]} != qweight's K = {qweight.shape[1]}")
     x_q, x_s = quantize_per_token(x2)                                    # [M, K] int8, [M] float32
     return _launch_8bit(x_q, x_s.contiguous(), qweight, w_scale, x.dtype, x.shape[:-1], tiles)
 
@@ -302,10 +329,11 @@ def w8a8_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Te
 def quant_matmul_kind(layer: QuantLinear) -> str | None:
     "Which kernel computes `layer`: 'w4a16', 'w8a8', 'w8a16' (int8 or FP8 weights) or 'nvfp4'; None: no kernel."
     s, act = layer.spec, layer.activations
-    if s.kind == "int" and s.bits == 8 and s.granularity in ("channel", "tensor") and act in ("int8", "int8-token"): return "w8a8"
+    per_row = s.granularity in ("channel", "tensor")
+    if s.kind == "int" and s.bits == 8 and per_row and act in ("int8", "int8-token"): return "w8a8"
     if act is not None: return None                               # other activation formats: the reference
     if s.kind == "int" and s.bits == 4 and s.granularity == "group": return "w4a16"
-    if (s.kind == "int" and s.bits == 8 and s.granularity in ("channel", "tensor")) or s.kind == "fp8": return "w8a16"
+    if (s.kind == "int" and s.bits == 8 and per_row) or s.kind == "fp8": return "w8a16"
     if s.name == "nvfp4": return "nvfp4"
     return None
 
@@ -322,7 +350,7 @@ def quant_matmul(x: torch.Tensor, layer: QuantLinear, allow_interpreter: bool = 
 
 # %% ../../nbs/24_quant_kernels.ipynb #6884b6f0
 def use_gpu_kernels(model: nn.Module, allow_interpreter: bool = False) -> int:
-    "Set `kernel = quant_matmul` on each `QuantLinear` of `model` that is on CUDA and has a Triton kernel; returns how many."
+    "Set `kernel = quant_matmul` on each `QuantLinear` of `model` on CUDA with a Triton kernel; returns how many."
     kernel = partial(quant_matmul, allow_interpreter=True) if allow_interpreter else quant_matmul
     n = 0
     for m in model.modules():

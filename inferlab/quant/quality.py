@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from ..model.config import ModelConfig, num_params
 from ..model.model import CausalLM
-from ..testing import llama_100m_config, random_model   # the ~100M config the benchmarks time (chapter 70)
+from ..model.random_weights import llama_100m_config, random_model   # the benchmarks' ~100M Llama
 from ..model.generate import KVCache
 from .linear import QuantLinear
 from .quantize import QuantRecipe, quantize, weight_memory_bytes
@@ -45,7 +45,8 @@ def kl_per_position(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> torc
 def kl_stats(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> dict:
     "Mean, 99th percentile and max of KL(ref ‖ test) over positions, and how often both models' top-1 tokens agree."
     if ref_logits.shape != test_logits.shape:
-        raise ValueError(f"test_logits: shape {list(test_logits.shape)} differs from ref_logits {list(ref_logits.shape)}")
+        raise ValueError(f"test_logits: shape {list(test_logits.shape)} differs from ref_logits "
+                         f"{list(ref_logits.shape)}")
     kl = kl_per_position(ref_logits, test_logits).flatten()
     p99 = kl.sort().values[max(0, math.ceil(0.99 * kl.numel()) - 1)]
     top1 = (ref_logits.argmax(-1) == test_logits.argmax(-1)).float().mean()
@@ -85,13 +86,15 @@ def quantized_bits_per_element(model: nn.Module) -> float:
 def recipe_columns(r: QuantRecipe | None) -> dict:
     "The table's descriptive columns for a recipe (None: the unquantized model)."
     if r is None: return dict(format="fp32", granularity="-", component="-", method="-")
-    s = r.spec
-    gran = {"group": f"g{s.group_size}", "block": "block 16" if s.name == "nvfp4" else "block 32"}.get(s.granularity, s.granularity)
+    s, weights = r.spec, r.spec.kind != "none"                          # weights: False for activations only
+    blocks = {"group": f"g{s.group_size}", "block": "block 16" if s.name == "nvfp4" else "block 32"}
     comp = "W+A " + r.activations if r.activations else "W"
     if r.skip: comp += " (kept: " + ",".join(r.skip) + ")"
-    return dict(format=s.name.split("-")[0] if s.kind != "none" else "fp32", granularity=gran if s.kind != "none" else "-",
-                component=comp, method=r.method)
+    return dict(format=s.name.split("-")[0] if weights else "fp32",
+                granularity=blocks.get(s.granularity, s.granularity) if weights else "-", component=comp,
+                method=r.method)
 
+# %% ../../nbs/25_quality.ipynb #6641c82a
 def quality_table(model: nn.Module, recipes: dict, windows: torch.Tensor, calib_ids=None, ref_logits=None,
                   memory_model: nn.Module | None = None, verbose: bool = False) -> list[dict]:
     """Quantize a copy of `model` with each recipe (`name -> QuantRecipe`, None for the original) and measure it
@@ -101,9 +104,11 @@ def quality_table(model: nn.Module, recipes: dict, windows: torch.Tensor, calib_
     for name, r in recipes.items():
         t0 = time.perf_counter()
         m = model if r is None else quantize(copy.deepcopy(model), r, calib_ids)
-        row = dict(name=name, **recipe_columns(r), bits=quantized_bits_per_element(m), weight_bytes=weight_memory_bytes(m))
-        if memory_model is not None:
-            mm = memory_model if r is None else quantize(copy.deepcopy(memory_model), dataclasses.replace(r, method="rtn"))
+        row = dict(name=name, **recipe_columns(r), bits=quantized_bits_per_element(m),
+                   weight_bytes=weight_memory_bytes(m))
+        if memory_model is not None:            # memory does not depend on the rounding method: RTN is enough
+            mm = memory_model if r is None else quantize(copy.deepcopy(memory_model),
+                                                         dataclasses.replace(r, method="rtn"))
             row["memory_model_bytes"] = weight_memory_bytes(mm)
         row.update(compare(m, windows, ref_logits), seconds=time.perf_counter() - t0)
         rows.append(row)
@@ -111,14 +116,17 @@ def quality_table(model: nn.Module, recipes: dict, windows: torch.Tensor, calib_
     return rows
 
 def format_quality_table(rows: list[dict]) -> str:
+    "The rows as a fixed-width text table."
     mm = "memory_model_bytes" in rows[0]
     head = (f"{'recipe':<27}{'format':<11}{'gran.':<9}{'component':<20}{'method':<12}{'bits':>6}{'MB':>7}"
             + (f"{'MB 100M':>9}" if mm else "") + f"{'mean KL':>10}{'p99 KL':>9}{'top-1':>7}{'PPL':>7}{'ratio':>7}")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['name']:<27}{r['format']:<11}{r['granularity']:<9}{r['component']:<20}{r['method']:<12}{r['bits']:>6.2f}"
-                     f"{r['weight_bytes'] / 1e6:>7.2f}" + (f"{r['memory_model_bytes'] / 1e6:>9.1f}" if mm else "")
-                     + f"{r['mean_kl']:>10.5f}{r['p99_kl']:>9.4f}{r['top1_agreement']:>7.3f}{r['ppl']:>7.2f}{r['ppl_ratio']:>7.3f}")
+        lines.append(f"{r['name']:<27}{r['format']:<11}{r['granularity']:<9}{r['component']:<20}{r['method']:<12}"
+                     f"{r['bits']:>6.2f}{r['weight_bytes'] / 1e6:>7.2f}"
+                     + (f"{r['memory_model_bytes'] / 1e6:>9.1f}" if mm else "")
+                     + f"{r['mean_kl']:>10.5f}{r['p99_kl']:>9.4f}{r['top1_agreement']:>7.3f}{r['ppl']:>7.2f}"
+                     + f"{r['ppl_ratio']:>7.3f}")
     return "\n".join(lines)
 
 # %% ../../nbs/25_quality.ipynb #57463f02
@@ -137,11 +145,14 @@ class _Decoder:
         return time.perf_counter() - t0
 
 BENCH_VARIANTS = (("fp32", None, torch.float32, True), ("bf16", None, torch.bfloat16, True),
-                  ("W8 int8/channel", "int8", torch.bfloat16, True), ("W4 int4/g128", "int4-g128", torch.bfloat16, True),
-                  ("W8, no kernel", "int8", torch.bfloat16, False))
+                  ("W8 int8/channel", "int8", torch.bfloat16, True),
+                  ("W4 int4/g128", "int4-g128", torch.bfloat16, True),
+                  ("W8, no kernel", "int8", torch.bfloat16, False))   # (name, weights, activations, CPU kernel on?)
 
+# %% ../../nbs/25_quality.ipynb #75687a1f
 def quant_decode_benchmark(cfg: ModelConfig | None = None, steps: int = 32, prompt_len: int = 16, seed: int = 0,
-                           variants=BENCH_VARIANTS, rounds: int = 4, threads: int | None = None, verbose: bool = True) -> list[dict]:
+                           variants=BENCH_VARIANTS, rounds: int = 4, threads: int | None = None,
+                           verbose: bool = True) -> list[dict]:
     """Weight memory and batch-1 decode tokens/s of each (name, weight format, activation dtype, CPU kernel on?)
     variant of one random-weight model (default: `llama_100m_config()`), from one run, with ratios to the first row.
     W8/W4 quantize every linear layer, lm_head included; the tied embedding stays in the activation dtype.
@@ -156,31 +167,35 @@ def quant_decode_benchmark(cfg: ModelConfig | None = None, steps: int = 32, prom
             if not kernel:                                                  # "no kernel": its layers run the reference
                 for layer in m.modules():
                     if isinstance(layer, QuantLinear): layer.kernel = None
-            models.append((m.to(dtype), kernel))
+            models.append(m.to(dtype))
         del base
-        decoders = [_Decoder(m, prompt_len + steps + 2 * rounds, prompt_len, seed) for m, _ in models]
+        decoders = [_Decoder(m, prompt_len + steps + 2 * rounds, prompt_len, seed) for m in models]
         times = [[] for _ in variants]
         for r in range(rounds):
             for i, d in enumerate(decoders):
-                d.step()                                                        # one untimed step: caches warm
+                d.step()                                                    # one untimed step: caches warm
                 times[i] += [d.step() for _ in range(max(1, steps // rounds))]
         threads_used = torch.get_num_threads()
     finally: torch.set_num_threads(old_threads)
     rows = []
-    for (name, weights, dtype, kernel), (m, _), t in zip(variants, models, times):
-        step = statistics.median(t)
-        rows.append(dict(name=name, weights=weights or str(dtype).replace("torch.", ""), act_dtype=str(dtype).replace("torch.", ""),
-                         kernel=bool(kernel and weights), weight_bytes=weight_memory_bytes(m), step_ms=1e3 * step, tok_s=1 / step,
-                         threads=threads_used))
-    for r in rows: r["mem_ratio"], r["speedup"] = rows[0]["weight_bytes"] / r["weight_bytes"], r["tok_s"] / rows[0]["tok_s"]
+    for (name, weights, dtype, kernel), m, t in zip(variants, models, times):
+        step, act = statistics.median(t), str(dtype).replace("torch.", "")
+        rows.append(dict(name=name, weights=weights or act, act_dtype=act, kernel=bool(kernel and weights),
+                         weight_bytes=weight_memory_bytes(m), step_ms=1e3 * step, tok_s=1 / step, threads=threads_used))
+    for r in rows:                                                          # ratios to the first variant
+        r["mem_ratio"], r["speedup"] = rows[0]["weight_bytes"] / r["weight_bytes"], r["tok_s"] / rows[0]["tok_s"]
     if verbose: print(format_benchmark(rows, cfg))
     return rows
 
 def format_benchmark(rows: list[dict], cfg: ModelConfig | None = None) -> str:
-    head = f"{num_params(cfg) / 1e6:.1f}M-parameter model, batch-1 decode, {rows[0]['threads']} CPU thread(s)\n" if cfg else ""
+    "The rows as a fixed-width text table, with the model's size and the threads used as a header."
+    head = "" if cfg is None else (f"{num_params(cfg) / 1e6:.1f}M-parameter model, batch-1 decode, "
+                                   f"{rows[0]['threads']} CPU thread(s)\n")
     short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-    lines = [f"{'variant':<17}{'weights':>10}{'acts':>6}{'weight MB':>11}{'mem ratio':>10}{'ms/token':>10}{'tokens/s':>10}{'speedup':>9}"]
+    lines = [f"{'variant':<17}{'weights':>10}{'acts':>6}{'weight MB':>11}{'mem ratio':>10}{'ms/token':>10}"
+             f"{'tokens/s':>10}{'speedup':>9}"]
     for r in rows:
-        lines.append(f"{r['name']:<17}{short.get(r['weights'], r['weights']):>10}{short.get(r['act_dtype'], r['act_dtype']):>6}"
-                     f"{r['weight_bytes'] / 1e6:>11.1f}{r['mem_ratio']:>9.2f}x{r['step_ms']:>10.1f}{r['tok_s']:>10.1f}{r['speedup']:>8.2f}x")
+        lines.append(f"{r['name']:<17}{short.get(r['weights'], r['weights']):>10}"
+                     f"{short.get(r['act_dtype'], r['act_dtype']):>6}{r['weight_bytes'] / 1e6:>11.1f}"
+                     f"{r['mem_ratio']:>9.2f}x{r['step_ms']:>10.1f}{r['tok_s']:>10.1f}{r['speedup']:>8.2f}x")
     return head + "\n".join(lines)

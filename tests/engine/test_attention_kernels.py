@@ -14,7 +14,8 @@ from inferlab.model.layers import attention_mask, sdpa_reference
 from inferlab.engine.paged_attention import (TorchAttention, store_kv_reference, paged_prefill_reference,
     paged_decode_reference, slots_from_block_table)
 from inferlab.engine.triton_attention import (TritonAttention, attention_backend, store_kv_triton, paged_prefill_triton,
-    paged_decode_triton, interpreter_ready)
+    paged_decode_triton)
+from inferlab.engine.triton_runtime import interpreter_ready
 from inferlab.testing import make_paged_batch, dense_prefill as dense_attention
 
 needs_interpreter = pytest.mark.skipif(not interpreter_ready(), reason="triton was imported before TRITON_INTERPRET=1")

@@ -16,7 +16,7 @@ from inferlab.engine.paged_attention import TorchAttention
 from inferlab.engine.triton_attention import TritonAttention, interpreter_ready
 from inferlab.engine.cuda_graphs import (capture_sizes, bucket_for, StaticDecodeInputs, graphs_unsupported,
                                          capture_cuda_graph, capture_by_rerun, DecodeGraphs)
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 
 TINY = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=32, intermediate_size=64,
                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

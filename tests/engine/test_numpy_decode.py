@@ -5,7 +5,7 @@ import pytest
 import torch
 from inferlab.model.config import ModelConfig, shipped_model_path
 from inferlab.model.model import load_model
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.llm import build_engine

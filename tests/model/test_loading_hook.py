@@ -5,7 +5,7 @@ from safetensors.torch import load_file
 from inferlab.model.config import ModelConfig
 from inferlab.model.layers import MergedLinear
 from inferlab.model.model import load_model, save_model, checkpoint_tensors, packed_target, PACKED_MODULES
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 
 CFGS = {"qwen2 (q/k/v bias)": dict(architecture="Qwen2ForCausalLM", attention_bias=True),
         "mixtral (experts)": dict(architecture="MixtralForCausalLM", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)}

@@ -4,7 +4,7 @@ import pytest
 import torch
 from inferlab.model.config import ModelConfig, resolve_model_path
 from inferlab.model.model import save_model
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 
 def random_checkpoint(path, **cfg) -> str:
     "A random-weight checkpoint with the shipped tokenizer (vocabulary 4096) in `path`."

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 triton = pytest.importorskip("triton")
-from inferlab.engine.triton_attention import interpreter_ready
+from inferlab.engine.triton_runtime import interpreter_ready
 from inferlab.quant.block_formats import NVFP4Tensor, nvfp4_dequantize
 from inferlab.quant.linear import QuantLinear, cpu_kernels, cpu_packed_applies, cpu_packed_matmul, quantize_activation
 from inferlab.model.hardware import GPUSpec

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 from inferlab.model.config import ModelConfig
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 from inferlab.spec_decode.arithmetic import (expected_tokens, walltime_speedup, speedup_with_verify_cost, best_gamma,
                                       acceptance_from_tv, measure_verify_cost, verify_ratios)
 

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 from inferlab.model.config import ModelConfig
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.sequence import Sequence
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 from inferlab.spec_decode.medusa import (MedusaHeads, MedusaProposer, save_medusa, load_medusa, default_medusa_path,
                                   train_medusa, head_hits, chain_acceptance, tokens_per_pass, lm_head_fingerprint)
 

@@ -10,7 +10,7 @@ from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.spec_decode.spec_decoder import SpecDecoder, SpeculativeConfig
 from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, TokenDatastore
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 
 RUNS, POSITIONS, ALPHA = 20_000, 3, 0.001
 CFG = ModelConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

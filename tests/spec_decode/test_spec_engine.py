@@ -10,7 +10,7 @@ from inferlab.model.train import read_corpus
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.spec_decode.spec_decoder import SpeculativeConfig, add_speculation, fit_to_path
-from inferlab.testing import random_model
+from inferlab.model.random_weights import random_model
 
 def spec_engine(model, tokenizer, config=None, speculative_config=None, source=None):
     "An engine over `model` with the `SpecDecoder` that `speculative_config` asks for (chapter 34)."
