@@ -16,20 +16,24 @@ __all__ = ['add_engine_args', 'engine_kwargs', 'engine_argv', 'build_parser', 'm
 def add_engine_args(p: argparse.ArgumentParser):
     "The model and every engine argument `LLM` takes, as flags (`--max-num-seqs`, `--kv-cache-dtype`, ...)."
     from inferlab.engine.llm_engine import EngineConfig
-    p.add_argument("--model", default=None, help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
+    p.add_argument("--model", default=None,
+                   help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--quantization", default=None, help="w8a16, w4a16, w8a8, fp8, mxfp4 or nvfp4 (chapter 23)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
                         "(methods: ngram, draft_model, medusa, rest)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="processes the layers are split over (chapter 41)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="processes the layers are split over (chapter 41)")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="ranks that each attend for their own requests (chapter 44; with --enable-expert-parallel)")
-    p.add_argument("--enable-expert-parallel", action="store_true", help="split MoE experts whole over the ranks (chapter 42)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="split MoE experts whole over the ranks (chapter 42)")
     for f in dataclasses.fields(EngineConfig):
         flag, d = "--" + f.name.replace("_", "-"), f.default
-        if isinstance(d, bool): p.add_argument(flag, action=argparse.BooleanOptionalAction, default=d, help=f"default {d}")
+        if isinstance(d, bool): p.add_argument(flag, action=argparse.BooleanOptionalAction, default=d,
+                                               help=f"default {d}")
         else: p.add_argument(flag, type=int if isinstance(d, int) or "int" in str(f.type) else str, default=d,
                              help=f"EngineConfig.{f.name} (default {d})")
 
@@ -42,7 +46,8 @@ def engine_kwargs(args) -> dict:
         except json.JSONDecodeError as e: raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
     return dict(dtype=args.dtype, device=args.device, quantization=args.quantization, speculative_config=spec,
                 tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
-                enable_expert_parallel=args.enable_expert_parallel, **{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+                enable_expert_parallel=args.enable_expert_parallel, **{f.name: getattr(args,
+                        f.name) for f in dataclasses.fields(EngineConfig)})
 
 def engine_argv(args) -> list[str]:
     """The engine flags of parsed `args` as a command line (only what differs from the defaults): what
@@ -67,7 +72,8 @@ def _generate(args) -> int:
     from inferlab.model.tokenizer import load_generation_config
     gen_cfg = load_generation_config(args.model)      # the checkpoint author's defaults, when it ships them
     def pick(flag, key, default): return flag if flag is not None else gen_cfg.get(key, default)
-    params = SamplingParams(temperature=pick(args.temperature, "temperature", 0.8), top_p=pick(args.top_p, "top_p", 0.95),
+    params = SamplingParams(temperature=pick(args.temperature, "temperature", 0.8),
+                            top_p=pick(args.top_p, "top_p", 0.95),
                             top_k=pick(args.top_k, "top_k", -1), seed=args.seed, max_tokens=args.max_tokens,
                             stop=args.stop or [])
     t0 = time.perf_counter()
@@ -84,12 +90,16 @@ def _generate(args) -> int:
     if not args.quiet and ok and ok[0].metrics:       # (none when every prompt was refused, nor on torchrun rank > 0)
         n, st = sum(len(o.token_ids) for o in ok), llm.engine.stats()
         ttft = sorted(o.metrics.ttft for o in ok)
-        print(f"\n[{llm.engine.model_name}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = {n / wall:.1f} tokens/s; "
-              f"load {load_s:.2f} s; TTFT p50 {ttft[len(ttft) // 2] * 1e3:.1f} ms (queueing included); finish {ok[0].finish_reason if len(ok) == 1 else 'see above'}; "
+        print(f"\n[{llm.engine.model_name}: {len(ok)} request(s), {n} tokens in {wall:.2f} s = "
+              f"{n / wall:.1f} tokens/s; "
+              f"load {load_s:.2f} s; TTFT p50 {ttft[len(ttft) // 2] * 1e3:.1f} ms (queueing included); finish "
+              f"{ok[0].finish_reason if len(ok) == 1 else 'see above'}; "
               f"prefix cache: {st['prefix_hit_tokens']} of {st['prefix_query_tokens']} "
-              f"prompt tokens reused ({100 * st['prefix_hit_rate']:.0f}%) by {sum(o.metrics.num_cached_tokens > 0 for o in ok)} request(s); "
+              f"prompt tokens reused ({100 * st['prefix_hit_rate']:.0f}%) by "
+              f"{sum(o.metrics.num_cached_tokens > 0 for o in ok)} request(s); "
               f"{st['steps']} engine steps, {st['preemptions']} preemptions"
-              + (f"; speculation {st['method']}: {st['num_accepted_tokens']} of {st['num_draft_tokens']} drafts accepted "
+              + (f"; speculation {st['method']}: {st['num_accepted_tokens']} of {st['num_draft_tokens']} "
+                 "drafts accepted "
                  f"({100 * st['acceptance_rate']:.0f}%), {st['mean_accepted_length']:.2f} tokens per verification"
                  if "method" in st else "") + "]", file=sys.stderr)
     return 0 if all(o.error is None for o in outs) else 2
@@ -101,11 +111,15 @@ def _disaggregated(args):
     from inferlab.serve.router import DisaggRouter, parse_disaggregation
     p, d = parse_disaggregation(args.disaggregation)
     kw = engine_kwargs(args)
-    for flag, v in (("--tensor-parallel-size", kw["tensor_parallel_size"]), ("--data-parallel-size", kw["data_parallel_size"])):
-        if v > 1: raise ValueError(f"{flag}: {v} with --disaggregation {args.disaggregation}: a worker's KV would be split "
+    for flag, v in (("--tensor-parallel-size", kw["tensor_parallel_size"]),
+                    ("--data-parallel-size", kw["data_parallel_size"])):
+        if v > 1:
+            raise ValueError(f"{flag}: {v} with --disaggregation {args.disaggregation}: a worker's KV would be split "
                                    "over its ranks, and moving it needs a gather over them that is not built here")
-    return DisaggRouter(args.model, p, d, worker_args=engine_argv(args), max_local_prefill_length=args.max_local_prefill_length,
-                        max_prefill_queue=args.max_prefill_queue, **{f.name: kw[f.name] for f in dataclasses.fields(EngineConfig)})
+    return DisaggRouter(args.model, p, d, worker_args=engine_argv(args),
+                        max_local_prefill_length=args.max_local_prefill_length,
+                        max_prefill_queue=args.max_prefill_queue,
+                        **{f.name: kw[f.name] for f in dataclasses.fields(EngineConfig)})
 
 def _serve(args) -> int:
     from pathlib import Path
@@ -116,12 +130,14 @@ def _serve(args) -> int:
     if args.chat_template is not None:
         if engine.tokenizer is None: raise ValueError("--chat-template: the model has no tokenizer")
         engine.tokenizer.chat_template = Path(args.chat_template).read_text()
-    defaults = {k: v for k, v in load_generation_config(args.model).items() if k in ("temperature", "top_p", "top_k", "min_p")}
+    defaults = {k: v for k,
+                v in load_generation_config(args.model).items() if k in ("temperature", "top_p", "top_k", "min_p")}
     app = create_app(engine, args.served_model_name, args.api_key, args.max_waiting, defaults, start_engine=False)
     name = app.state.inferlab.model_name
     print(f"inferlab serve: {name} at http://{args.host}:{args.port}/v1 (max_model_len {engine.max_model_len}, "
           f"{engine.stats()['num_blocks']} KV blocks)", file=sys.stderr, flush=True)
-    try: return serve(app, args.host, args.port, args.log_level)   # the engine loop runs here, on the thread that loaded it
+    # the engine loop runs here, on the thread that loaded it
+    try: return serve(app, args.host, args.port, args.log_level)
     finally: engine.shutdown()                                     # a parallel engine's workers go with it
 
 def _worker(args) -> int:
@@ -137,23 +153,9 @@ def _worker(args) -> int:
     run_worker(build_engine(args.model, **kw), args.role, args.name, args.router, bytes.fromhex(key))
     return 0
 
-# %% ../nbs/08_cli.ipynb #5c3501e9
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab", description="inferlab: a literate LLM inference stack. "
-                                "Models come from a local HF-layout directory or the shipped family.")
-    p.add_argument("--version", action="version", version=f"inferlab {inferlab.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    g = sub.add_parser("generate", help="continue prompts with the engine (default model: the shipped tiny-dense)")
-    g.add_argument("prompt", nargs="+", help="the text(s) to continue; several run as one continuously batched job")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: generation_config.json, else 0.8)")
-    g.add_argument("--top-p", type=float, default=None, help="default: generation_config.json, else 0.95")
-    g.add_argument("--top-k", type=int, default=None, help="default: generation_config.json, else all tokens")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--quiet", action="store_true", help="print only the text")
-    add_engine_args(g)
-    g.set_defaults(func=_generate)
+# %% ../nbs/08_cli.ipynb #6a7c446c
+def _add_serve_and_worker(sub):
+    "`inferlab serve` and `inferlab worker` (its disaggregation workers): their flags."
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (chapters 50-54)")
     s.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as in `vllm serve MODEL` (the same as --model; default: the shipped tiny-dense)")
@@ -161,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None, help="the name clients use (default: the model directory's)")
     s.add_argument("--api-key", default=None, help="require `Authorization: Bearer <key>` on /v1/ routes")
-    s.add_argument("--max-waiting", type=int, default=512, help="requests that may wait for a seat; more get 503 (default 512)")
-    s.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja2 chat template replacing the checkpoint's")
+    s.add_argument("--max-waiting", type=int, default=512,
+                   help="requests that may wait for a seat; more get 503 (default 512)")
+    s.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja2 chat template replacing the checkpoint's")
     s.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
     s.add_argument("--disaggregation", default=None, metavar="xPyD",
                    help="x prefill and y decode worker processes behind the API (e.g. 1P1D; chapters 55-58)")
@@ -179,10 +183,31 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--threads", type=int, default=None, help="CPU threads of this worker's torch (default: torch's)")
     add_engine_args(w)
     w.set_defaults(func=_worker)
+
+# %% ../nbs/08_cli.ipynb #5c3501e9
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="inferlab", description="inferlab: a literate LLM inference stack. "
+                                "Models come from a local HF-layout directory or the shipped family.")
+    p.add_argument("--version", action="version", version=f"inferlab {inferlab.__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    g = sub.add_parser("generate", help="continue prompts with the engine (default model: the shipped tiny-dense)")
+    g.add_argument("prompt", nargs="+", help="the text(s) to continue; several run as one continuously batched job")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=None,
+                   help="0 for greedy (default: generation_config.json, else 0.8)")
+    g.add_argument("--top-p", type=float, default=None, help="default: generation_config.json, else 0.95")
+    g.add_argument("--top-k", type=int, default=None, help="default: generation_config.json, else all tokens")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--quiet", action="store_true", help="print only the text")
+    add_engine_args(g)
+    g.set_defaults(func=_generate)
+    _add_serve_and_worker(sub)
     # `simulate` owns its options (chapter 66); main() hands it the rest of the command line untouched.
     sub.add_parser("simulate", add_help=False, help="simulate an autoscaled serving fleet (chapters 6x); "
                    "`inferlab simulate --help` lists its options")
-    sub.add_parser("bench", add_help=False, help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 70); "
+    sub.add_parser("bench", add_help=False,
+                   help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 70); "
                    "speculation (chapter 73); `bench serve`: load against an OpenAI-compatible server (chapter 53)")
     sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 19; "
                    "`make bench-vllm` sets up vLLM's environment)")
@@ -190,12 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(chapter 76); `inferlab sweep --help` lists its options")
     sub.add_parser("tune", add_help=False, help="search the configurations with optuna's NSGA-II, live or replayed "
                    "from a sweep (chapter 77); `inferlab tune --help` lists its options")
-    sub.add_parser("frontier", add_help=False, help="mark the non-dominated rows of a sweep's JSON lines, print and plot "
+    sub.add_parser("frontier", add_help=False,
+                   help="mark the non-dominated rows of a sweep's JSON lines, print and plot "
                    "them (chapter 72); `inferlab frontier --help` lists its options")
     sub.add_parser("calibrate", add_help=False, help="fit the step simulator from this engine and one served run, then "
                    "predict a held-back served run (chapter 78); `inferlab calibrate --help` lists its options")
     return p
 
+# %% ../nbs/08_cli.ipynb #2847dd1f
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:
@@ -238,4 +265,5 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"inferlab {args.command}: error: {e}", file=sys.stderr); return 2
 
-if __name__ == "__main__" and sys.argv[0].endswith("cli.py"): sys.exit(main())   # `python -m inferlab.cli`, not a notebook
+# `python -m inferlab.cli`, not a notebook
+if __name__ == "__main__" and sys.argv[0].endswith("cli.py"): sys.exit(main())

@@ -41,7 +41,8 @@ def build_engine(model=None, tokenizer=None, *, dtype=None, device=None, quantiz
     if isinstance(model, nn.Module): source = getattr(model, "source", None)
     else:
         path = resolve_model_path(model)
-        model, tokenizer, source = load_model(path, dtype=dtype, device=device), tokenizer or load_tokenizer(path), str(path)
+        model, tokenizer, source = load_model(path, dtype=dtype,
+                                              device=device), tokenizer or load_tokenizer(path), str(path)
     if quantization is not None:
         model, config = quantize_model(model, quantization), dataclasses.replace(config, pack_weights=False)
     engine = LLMEngine(model, tokenizer, config)
@@ -54,7 +55,8 @@ def as_prompt_list(prompts) -> list:
     and token-id lists; anything else is a `ValueError` before any request is queued."""
     if isinstance(prompts, str): return [prompts]
     if not isinstance(prompts, (list, tuple)):
-        raise ValueError(f"prompts: expected a text, a list of texts or a list of token ids, got {type(prompts).__name__}")
+        raise ValueError("prompts: expected a text, a list of texts or a list of token ids, got "
+                         f"{type(prompts).__name__}")
     prompts = list(prompts)
     ints = [isinstance(p, int) and not isinstance(p, bool) for p in prompts]
     if prompts and all(ints): return [prompts]                       # one prompt given as token ids
@@ -128,7 +130,8 @@ def chat(self: LLM, messages, params=None, use_tqdm: bool | None = None) -> list
     convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
     if not (isinstance(convs, list) and convs and all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c)
                                                        for c in convs)):
-        raise ValueError(f"messages: expected a conversation (a list of role/content dicts) or a list of them, got {messages!r:.60}")
+        raise ValueError("messages: expected a conversation (a list of role/content dicts) or a list of them, got "
+                         f"{messages!r:.60}")
     if self.tokenizer is None: raise ValueError("messages: the model has no tokenizer, so no chat template")
     return self.generate([self.tokenizer.apply_chat_template(c) for c in convs], params, use_tqdm)
 

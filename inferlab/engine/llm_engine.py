@@ -102,11 +102,13 @@ class LLMEngine(Engine):
             raise ValueError(f"{field}: a KV cache of {n_blocks:,} blocks needs {need / 2**30:,.1f} GiB; "
                              f"{model.device} has {free / 2**30:,.1f} GiB available")
         self.model = pack_model(model) if ec.pack_weights else model   # a packed copy: the caller's is not changed
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
         self.block_manager = BlockManager(n_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens,
                                                    ec.enable_chunked_prefill, ec.policy), self.block_manager)
         self.runner = runner(self.model, n_blocks, ec, self.max_model_len)
-        self.speculator = speculator            # chapter 34 sets it after the engine exists (a draft sizes its pool from ours)
+        # chapter 34 sets it after the engine exists (a draft sizes its pool from ours)
+        self.speculator = speculator
         self.kv_connector: KVConnector | None = None
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
         self.requests: dict[str, Sequence] = {}
@@ -219,7 +221,8 @@ def execute(self: LLMEngine, batch: ScheduledBatch):
     "The runner's `(samplers, logits, hidden)` for `batch`, or the exception it raised."
     try:
         hidden = self._wants_hidden()
-        samplers, logits, *hidden = self.runner.execute(batch, return_hidden=True) if hidden else self.runner.execute(batch)
+        samplers, logits, *hidden = self.runner.execute(batch,
+                                                        return_hidden=True) if hidden else self.runner.execute(batch)
         return samplers, logits, (hidden[0] if hidden else None)
     except Exception as e: return e
 
@@ -328,7 +331,8 @@ def _forget(self: LLMEngine, request_id: str):
 def add_prefilled(self: LLMEngine, prompt_token_ids: list[int], first_token: int, write_kv, params=None,
                   request_id: str | None = None) -> str:
     """Queue a prompt whose KV was computed elsewhere and run it from its first token. `write_kv(block_table, fresh)`
-    fills the `fresh` indices of the table (the blocks the cache did not hold). Any failure leaves the engine as it was."""
+    fills the `fresh` indices of the table (the blocks the cache did not hold). Any failure leaves the engine as it
+    was."""
     params = as_params(params)
     if params.logprobs is not None: raise ValueError("logprobs: not available for a prompt prefilled elsewhere")
     rid = self.add_request(prompt_token_ids, params, request_id)
@@ -364,7 +368,7 @@ def stats(self: LLMEngine) -> dict:
     s = dict(num_running=len(sch.running), num_waiting=len(sch.waiting), free_blocks=bm.num_free_blocks,
              num_blocks=bm.num_blocks, prefix_query_tokens=bm.query_tokens, prefix_hit_tokens=bm.hit_tokens,
              prefix_hit_rate=bm.hit_rate, steps=self.num_steps, prefill_tokens=self.num_prefill_tokens,
-             decode_tokens=self.num_decode_tokens, preemptions=sch.num_preemptions)
+             decode_tokens=self.num_decode_tokens, preemptions=sch.num_preemptions, weight_bytes=self.weight_bytes)
     return s | (self.speculator.stats() if self.speculator is not None else {})
 
 @patch

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from ..model.config import ModelConfig
-from ..model.layers import Attention, MLP, rope_cos_sin
+from ..model.layers import MLP, rope_cos_sin
 import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
@@ -22,7 +22,7 @@ from .cpu_threads import CpuThreads
 from fastcore.basics import patch
 from .cuda_graphs import DecodeGraphs, graphs_unsupported
 from ..model.generate import KVCache
-from ..model.sampling import sample_rows, token_logprobs
+from ..model.sampling import sample_rows
 
 # %% auto #0
 __all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
@@ -48,7 +48,8 @@ class PagedKVCache:
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         if kv_cache_dtype is not None:
             if kv_cache_dtype not in KV_CACHE_DTYPES:
-                raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not supported; valid: None, {', '.join(KV_CACHE_DTYPES)}")
+                raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not supported; valid: None, "
+                                 f"{', '.join(KV_CACHE_DTYPES)}")
             dtype = KV_CACHE_DTYPES[kv_cache_dtype]
             ones = [torch.ones(cfg.num_key_value_heads, device=device) for _ in range(cfg.num_hidden_layers)]
             k_scale, v_scale = k_scale or ones, v_scale or ones
@@ -64,10 +65,13 @@ class PagedKVCache:
         scales = [] if self.k_scale is None else self.k_scale + self.v_scale
         return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
 
+# %% ../../nbs/15_model_runner.ipynb #8623c213
 @torch.inference_mode()
 def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headroom: float | None = None):
-    "Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with a contiguous cache."
-    headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)   # fp8 has range to spare; int8 has steps to lose
+    """Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with a contiguous
+    cache."""
+    # fp8 has range to spare; int8 has steps to lose
+    headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)
     cache = KVCache(model.config, 1, len(token_ids), model.dtype, model.device)
     model.hidden_states(torch.tensor([token_ids], device=model.device), kv_cache=cache)
     scale = lambda t: kv_scale(t, KV_CACHE_DTYPES[kv_cache_dtype], headroom)   # [kv_heads]
@@ -85,7 +89,8 @@ class AttentionContext:
         m, kc, vc = self.meta, self.cache.k[layer], self.cache.v[layer]
         ks, vs = self.cache.scales(layer)
         be = self.backend
-        be.store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)   # first write: a prefill attends to its own tokens
+        # first write: a prefill attends to its own tokens
+        be.store_kv(k[0], v[0], kc, vc, m.slot_mapping, True, ks, vs)
         P, parts = m.num_prefill_tokens, []
         fresh = ks is not None          # quantized cache: this step's own tokens are attended in full precision
         if P:
@@ -109,7 +114,8 @@ class AttentionContext:
 # %% ../../nbs/15_model_runner.ipynb #cb81cb87
 def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
     width = max((len(t) for t in tables), default=0)
-    return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=device).view(len(tables), width)
+    return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32,
+                        device=device).view(len(tables), width)
 
 def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
     """Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [R]` and the sequence of each
@@ -120,7 +126,8 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
     pre_cu, pre_lens, pre_tables, dec_lens, dec_tables = [0], [], [], [], []
     for seq, n, k in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled):
         start, bt = seq.num_computed_tokens, seq.block_table
-        ids += (seq.token_ids + seq.draft_token_ids)[start:start + n] if seq.draft_token_ids else seq.token_ids[start:start + n]
+        tokens = seq.token_ids + seq.draft_token_ids if seq.draft_token_ids else seq.token_ids
+        ids += tokens[start:start + n]
         pos += range(start, start + n)
         slots += [bt[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
         if k != n:
@@ -148,7 +155,8 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 class KMajorLinear(nn.Module):
-    "`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go through NumPy's BLAS."
+    """`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go
+    through NumPy's BLAS."""
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)   # [in, out]
@@ -207,7 +215,8 @@ class NumpyDecoder:
     def __init__(self, model, kv_cache: PagedKVCache):
         if (why := self.unsupported(model, kv_cache)): raise ValueError(f"NumpyDecoder: {why}")
         cfg, arr = model.config, (lambda t: None if t is None else t.detach().numpy())
-        self.H, self.Hkv, self.D, self.eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D, self.eps = cfg.head_dim, cfg.rms_norm_eps
         self.scale, self.windows, self.inv_freq = cfg.head_dim ** -0.5, cfg.layer_windows, model._inv_freq
         self.embed, self.final_norm = arr(model.model.embed_tokens.weight), arr(model.model.norm.weight)
         self.layers = []
@@ -235,48 +244,53 @@ class NumpyDecoder:
                 return f"layer {i}: the MLP is MoE, quantized or not packed"
         return None
 
-    def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        "Final-norm hidden states `[B, hidden]` for a decode-only step: token i of sequence i at `positions[i]`."
-        H, Hkv, D = self.H, self.Hkv, self.D
-        B, bs = token_ids.shape[0], self.k[0].shape[1]
-        cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)          # the torch path's tables [B, D]
-        cos, sin = cos.numpy()[:, None, :D // 2], sin.numpy()[:, None, :D // 2]   # both halves are equal
-        slots, lens = meta.slot_mapping.numpy(), meta.decode_seq_lens.tolist()
-        tables = meta.decode_block_tables.numpy()
-        groups = _row_groups(tables, lens)                                         # verify rows of one sequence: one group
-        x = self.embed[token_ids.numpy()]                                          # [B, hidden]
-        for i, w in enumerate(self.layers):
-            y = few_rows_matmul(_np_rms_norm(x, w["ln1"], self.eps), w["qkv"])     # [B, (H + 2 Hkv) D]
-            if w["qkv_b"] is not None: y += w["qkv_b"]
-            y = y.reshape(B, H + 2 * Hkv, D)
-            q, k, v = y[:, :H], y[:, H:H + Hkv], y[:, H + Hkv:]
-            if w["q_norm"] is not None: q, k = _np_rms_norm(q, w["q_norm"], self.eps), _np_rms_norm(k, w["k_norm"], self.eps)
-            q, k = _np_rope(q, cos, sin), _np_rope(k, cos, sin)
-            kc, vc = self.k[i], self.v[i]
-            kc.reshape(-1, Hkv, D)[slots], vc.reshape(-1, Hkv, D)[slots] = k, v    # write first: each attends to itself
-            o = np.empty((B, H, D), np.float32)
-            for b, m in groups:                                                    # rows b..b+m-1, lengths L-m+1..L
-                L, W, G = lens[b + m - 1], self.windows[i], H // Hkv
-                lo = max(0, lens[b] - W) if W else 0                                # first key position any row reads
-                blocks = tables[b, lo // bs:-(-L // bs)]
-                first, last = lo - lo // bs * bs, L - lo // bs * bs
-                kk = kc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 2, 0)  # [Hkv, D, S]: gathered once
-                vv = vc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 0, 2)  # [Hkv, S, D]
-                qg = q[b:b + m].reshape(m, Hkv, G, D).transpose(1, 0, 2, 3).reshape(Hkv, m * G, D)
-                s = np.matmul(qg, kk) * self.scale                                  # [Hkv, m*G, S]
-                if m > 1 or (W and L - lo > W):                                     # row r sees keys (L-m+r-W, L-m+r]
-                    keys, rows = np.arange(lo, L), np.arange(L - m, L)[:, None]
-                    ok = (keys <= rows) & ((keys > rows - W) if W else True)        # [m, S]
-                    s = np.where(np.repeat(ok, G, 0)[None], s, -np.inf)
-                s = np.exp(s - s.max(-1, keepdims=True)); s /= s.sum(-1, keepdims=True)
-                o[b:b + m] = np.matmul(s, vv).reshape(Hkv, m, G, D).transpose(1, 0, 2, 3).reshape(m, H, D)
-            x = x + few_rows_matmul(o.reshape(B, H * D), w["o"])
-            if w["o_b"] is not None: x += w["o_b"]
-            gu = few_rows_matmul(_np_rms_norm(x, w["ln2"], self.eps), w["gate_up"])
-            gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
-            with np.errstate(over="ignore"):                                       # exp(-gate) = inf: silu → -0
-                x = x + few_rows_matmul(gate / (1 + np.exp(-gate)) * up, w["down"])
-        return torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
+# %% ../../nbs/15_model_runner.ipynb #300879c0
+@patch
+def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tensor,
+             meta: AttentionMetadata) -> torch.Tensor:
+    "Final-norm hidden states `[B, hidden]` for a decode-only step: token i of sequence i at `positions[i]`."
+    H, Hkv, D = self.H, self.Hkv, self.D
+    B, bs = token_ids.shape[0], self.k[0].shape[1]
+    cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)          # the torch path's tables [B, D]
+    cos, sin = cos.numpy()[:, None, :D // 2], sin.numpy()[:, None, :D // 2]   # both halves are equal
+    slots, lens = meta.slot_mapping.numpy(), meta.decode_seq_lens.tolist()
+    tables = meta.decode_block_tables.numpy()
+    # verify rows of one sequence: one group
+    groups = _row_groups(tables, lens)
+    x = self.embed[token_ids.numpy()]                                          # [B, hidden]
+    for i, w in enumerate(self.layers):
+        y = few_rows_matmul(_np_rms_norm(x, w["ln1"], self.eps), w["qkv"])     # [B, (H + 2 Hkv) D]
+        if w["qkv_b"] is not None: y += w["qkv_b"]
+        y = y.reshape(B, H + 2 * Hkv, D)
+        q, k, v = y[:, :H], y[:, H:H + Hkv], y[:, H + Hkv:]
+        if w["q_norm"] is not None:
+            q, k = _np_rms_norm(q, w["q_norm"], self.eps), _np_rms_norm(k, w["k_norm"], self.eps)
+        q, k = _np_rope(q, cos, sin), _np_rope(k, cos, sin)
+        kc, vc = self.k[i], self.v[i]
+        kc.reshape(-1, Hkv, D)[slots], vc.reshape(-1, Hkv, D)[slots] = k, v    # write first: each attends to itself
+        o = np.empty((B, H, D), np.float32)
+        for b, m in groups:                                                    # rows b..b+m-1, lengths L-m+1..L
+            L, W, G = lens[b + m - 1], self.windows[i], H // Hkv
+            lo = max(0, lens[b] - W) if W else 0                                # first key position any row reads
+            blocks = tables[b, lo // bs:-(-L // bs)]
+            first, last = lo - lo // bs * bs, L - lo // bs * bs
+            kk = kc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 2, 0)  # [Hkv, D, S]: gathered once
+            vv = vc[blocks].reshape(-1, Hkv, D)[first:last].transpose(1, 0, 2)  # [Hkv, S, D]
+            qg = q[b:b + m].reshape(m, Hkv, G, D).transpose(1, 0, 2, 3).reshape(Hkv, m * G, D)
+            s = np.matmul(qg, kk) * self.scale                                  # [Hkv, m*G, S]
+            if m > 1 or (W and L - lo > W):                                     # row r sees keys (L-m+r-W, L-m+r]
+                keys, rows = np.arange(lo, L), np.arange(L - m, L)[:, None]
+                ok = (keys <= rows) & ((keys > rows - W) if W else True)        # [m, S]
+                s = np.where(np.repeat(ok, G, 0)[None], s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True)); s /= s.sum(-1, keepdims=True)
+            o[b:b + m] = np.matmul(s, vv).reshape(Hkv, m, G, D).transpose(1, 0, 2, 3).reshape(m, H, D)
+        x = x + few_rows_matmul(o.reshape(B, H * D), w["o"])
+        if w["o_b"] is not None: x += w["o_b"]
+        gu = few_rows_matmul(_np_rms_norm(x, w["ln2"], self.eps), w["gate_up"])
+        gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+        with np.errstate(over="ignore"):                                       # exp(-gate) = inf: silu → -0
+            x = x + few_rows_matmul(gate / (1 + np.exp(-gate)) * up, w["down"])
+    return torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
 
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:
@@ -292,7 +306,8 @@ class ModelRunner:
         self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
                                      *(kv_scales or (None, None)))
         # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
-        self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model, self.kv_cache)
+        self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model,
+                                                                                                      self.kv_cache)
         # the most tokens a decode-only step may hold and stay on that path (a speculative engine fits its drafts to it)
         self.decode_path_tokens = SMALL_STEP_TOKENS if self.numpy_decoder is not None else None
         # CUDA decode steps replay a graph per batch-size bucket (chapter 15b); `graphs_off` says why not
@@ -300,8 +315,10 @@ class ModelRunner:
         self.cuda_graphs = None if self.graphs_off else DecodeGraphs(self.hidden_states, model, self.kv_cache)
 
     def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
-        """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled positions
-        (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their hidden states."""
+        """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled
+        positions
+        (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their hidden
+        states."""
         with self.step_threads(batch): return self._execute(batch, return_hidden)   # pools given back when it ends
 
     def step_threads(self, batch: ScheduledBatch):
@@ -318,31 +335,38 @@ class ModelRunner:
         "The CPU pools a decode-sized step uses, for small work beside the model (a proposer's heads); none off CPU."
         return contextlib.nullcontext() if self.threads is None else self.threads.step(decode)
 
-    def _execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
-        ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
-        h, logits = self.forward(ids, pos, meta, logits_idx, bool(samplers))
-        return (samplers, logits, h) if return_hidden else (samplers, logits)  # [R, vocab], [R, hidden]
+# %% ../../nbs/15_model_runner.ipynb #493c2652
+@patch
+def _execute(self: ModelRunner, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
+    ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
+    h, logits = self.forward(ids, pos, meta, logits_idx, bool(samplers))
+    return (samplers, logits, h) if return_hidden else (samplers, logits)  # [R, vocab], [R, hidden]
 
-    @torch.inference_mode()
-    def forward(self, ids, pos, meta: AttentionMetadata, logits_idx, sample: bool = True) -> tuple:
-        "A packed step: (hidden `[R, hidden]`, logits `[R, vocab]` float32) of the sampled rows; each TP rank runs it (ch. 43)."
-        if self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
-            pass                                                                  # replayed (None: not a graph step)
-        elif self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
-            h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
-        else: h = self.hidden_states(ids, pos, meta)
-        if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
-        logits = self.model.lm_head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
-        return h, logits
+@patch
+@torch.inference_mode()
+def forward(self: ModelRunner, ids, pos, meta: AttentionMetadata, logits_idx, sample: bool = True) -> tuple:
+    """A packed step: (hidden `[R, hidden]`, logits `[R, vocab]` float32) of the sampled rows; each TP rank runs it
+    (ch. 43)."""
+    if self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
+        pass                                                                  # replayed (None: not a graph step)
+    elif self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
+        h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
+    else: h = self.hidden_states(ids, pos, meta)
+    if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
+    logits = self.model.lm_head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size,
+                                                                      dtype=torch.float32)
+    return h, logits
 
-    def hidden_states(self, ids, pos, meta: AttentionMetadata) -> torch.Tensor:
-        "The model's eager forward over a packed step: final-norm hidden states `[T, hidden]`."
-        return self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), check_ids=False)[0]
+@patch
+def hidden_states(self: ModelRunner, ids, pos, meta: AttentionMetadata) -> torch.Tensor:
+    "The model's eager forward over a packed step: final-norm hidden states `[T, hidden]`."
+    return self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention),
+                                    check_ids=False)[0]
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    "One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's `sample_rows`)."
+    """One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's
+    `sample_rows`)."""
     return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
-
 
 # %% ../../nbs/15_model_runner.ipynb #ea7b193f
 @patch
@@ -360,7 +384,8 @@ def write_kv(self: ModelRunner, block_ids: list[int], kv: torch.Tensor, scales: 
     "Write `kv` `[L, 2, n, ...]` into blocks `block_ids` (shapes, dtypes and scales must agree with this cache)."
     cache = self.kv_cache
     want = (len(cache.k), 2, len(block_ids), *cache.k[0].shape[1:])
-    if tuple(kv.shape) != want: raise ValueError(f"kv: shape {list(kv.shape)} does not fit this engine's cache {list(want)}")
+    if tuple(kv.shape) != want:
+        raise ValueError(f"kv: shape {list(kv.shape)} does not fit this engine's cache {list(want)}")
     if kv.dtype != cache.k[0].dtype:
         raise ValueError(f"kv: dtype {kv.dtype} but this engine's cache holds {cache.k[0].dtype} "
                          "(same kv_cache_dtype on both sides)")
@@ -370,4 +395,5 @@ def write_kv(self: ModelRunner, block_ids: list[int], kv: torch.Tensor, scales: 
     idx = torch.tensor(block_ids, dtype=torch.long, device=cache.k[0].device)
     raw = (lambda t: t.view(torch.uint8)) if kv.element_size() == 1 else (lambda t: t)   # CPU has no fp8 index_copy
     for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
-        raw(k).index_copy_(0, idx, raw(kv[layer, 0]).to(k.device)); raw(v).index_copy_(0, idx, raw(kv[layer, 1]).to(v.device))
+        raw(k).index_copy_(0, idx, raw(kv[layer, 0]).to(k.device)); raw(v).index_copy_(0, idx,
+                                                                                       raw(kv[layer, 1]).to(v.device))

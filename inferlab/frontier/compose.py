@@ -6,16 +6,14 @@ Docs: https://inferlab.github.io/inferlab/compose.html.md"""
 
 # %% ../../nbs/79_compose.ipynb #91b45a7f
 from __future__ import annotations
-import json, statistics, time
-from pathlib import Path
-import numpy as np
+import statistics, time
 from ..model.sampling import SamplingParams
 from ..engine.kv_memory import kv_block_bytes
 from ..parallel.collectives import link_params
 from ..serve.kv_transfer import prefill_engine, prefill, adopt
 from ..serve.disagg import write_payload, read_payload
-from .frontier import read_rows, mark_frontier, FRONTIER_AXES
-from .sweep import config_label, techniques
+from .frontier import mark_frontier, FRONTIER_AXES
+from .sweep import techniques
 
 # %% auto #0
 __all__ = ['NGRAM', 'transfer_cost', 'measure_transfer', 'queued_rate', 'crossover', 'compare_frontiers', 'best_at', 'singles']
@@ -33,7 +31,8 @@ def transfer_cost(cfg, tokens: int, value_bytes: int, link, block_size: int = 16
 def measure_transfer(prompts: list[list[int]], kv_cache_dtype: str | None, model="tiny-dense") -> dict:
     "Per prompt, median seconds of prefill, shared-memory transfer and adoption, and mean payload bytes (in-process)."
     pe = prefill_engine(model, dtype="float32", kv_cache_dtype=kv_cache_dtype)
-    de = prefill_engine(model, dtype="float32", kv_cache_dtype=kv_cache_dtype)      # a decode engine: same pool, same scales
+    # a decode engine: same pool, same scales
+    de = prefill_engine(model, dtype="float32", kv_cache_dtype=kv_cache_dtype)
     greedy, times = SamplingParams(max_tokens=2, temperature=0), dict(prefill=[], transfer=[], adopt=[], nbytes=[])
     prefill(pe, prompts[:1], greedy)                                              # warm-up: pools, threads
     for p in prompts:
@@ -66,7 +65,8 @@ def crossover(make_engine, prompts, quantization=None, batch_sizes=(1, 2, 4, 8, 
         ps = prompts[:max(2 * b, 4)]
         rates = {k: [] for k in engines}
         for r in range(rounds):
-            for k in (list(engines) if r % 2 == 0 else list(engines)[::-1]): rates[k].append(queued_rate(engines[k], ps))
+            for k in (list(engines) if r % 2 == 0 else list(engines)[::-1]): rates[k].append(queued_rate(engines[k],
+                                                                                                         ps))
         out[b] = (statistics.median(rates["plain"]), statistics.median(rates["ngram"]))
     return out
 

@@ -27,8 +27,10 @@ DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}
 VARIANTS = [dict(), dict(max_num_batched_tokens=256), dict(enable_chunked_prefill=False),
             dict(quantization="w8a16"), dict(quantization="w4a16"), dict(quantization="fp8"), dict(quantization="w8a8"),
             dict(kv_cache_dtype="fp8"), dict(kv_cache_dtype="int8"), dict(quantization="w4a16", kv_cache_dtype="fp8"),
-            dict(speculative_config=NGRAM), dict(speculative_config=DRAFT), dict(quantization="w8a16", speculative_config=NGRAM),
-            dict(tensor_parallel_size=2), dict(tensor_parallel_size=2, max_num_batched_tokens=256), dict(quantization="nvfp4")]
+            dict(speculative_config=NGRAM), dict(speculative_config=DRAFT), dict(quantization="w8a16",
+                                                                                 speculative_config=NGRAM),
+            dict(tensor_parallel_size=2), dict(tensor_parallel_size=2,
+                                               max_num_batched_tokens=256), dict(quantization="nvfp4")]
 
 def default_grid(batch_sizes=(4, 16, 64)) -> list[dict]:
     "Every variant at every batch size: 16 × 3 = 48 configurations spanning every knob."
@@ -85,7 +87,8 @@ def run_workload(engine, workload, slo_ttft: float = 1.0, slo_tpot: float = 0.05
     return row | dict(goodput=goodput(row, slo_ttft, slo_tpot))
 
 def goodput(row: dict, slo_ttft: float, slo_tpot: float) -> float:
-    "Requests per second of the run that met both SLOs (TTFT ≤ slo_ttft, TPOT ≤ slo_tpot; one-token replies have no TPOT)."
+    """Requests per second of the run that met both SLOs (TTFT ≤ slo_ttft, TPOT ≤ slo_tpot; one-token replies have no
+    TPOT)."""
     good = sum(f <= slo_ttft and (t is None or t <= slo_tpot) for f, t, _ in row["requests"])
     return good / row["wall_s"]
 
@@ -106,7 +109,8 @@ def score_prefixes(engine, prompts: list[list[int]], continuations: list[list[in
                 got[o.request_id] = (o.token_ids[0], o.top_logprobs[0])
     return [got[r] for r in rids]
 
-def reference(prompts: list[list[int]], make_engine, tokens: int = 24, model=None) -> tuple[list[list[int]], list[tuple[int, dict]]]:
+def reference(prompts: list[list[int]], make_engine, tokens: int = 24, model=None) -> tuple[list[list[int]],
+                                                                                            list[tuple[int, dict]]]:
     "The plain engine's greedy continuations of `prompts` and its scores of them."
     eng = make_engine(model)
     outs = {}
@@ -144,25 +148,28 @@ def measure_config(config: dict, make_engine, workload, prompts, conts, ref_scor
         row = dict(config=config) | run_workload(engine, workload, *slo, request_rate=request_rate)
         row |= quality(score_prefixes(engine, prompts, conts), ref_scores)
         row |= dict(kv_blocks=engine.stats()["num_blocks"],
-                    weights_bytes=weights_bytes(engine.model))
+                    weights_bytes=engine.stats()["weight_bytes"])
     finally:
         engine.shutdown()
     return row
 
 def evaluator(make_engine, num_prompts: int = 24, seed: int = 0, slo=(1.0, 0.05), model=None,
               request_rate: float = math.inf):
-    "`config -> row`: the workload, the evaluation set and the reference's scores prepared once (sweep and tune share it)."
+    """`config -> row`: the workload, the evaluation set and the reference's scores prepared once (sweep and tune share
+    it)."""
     workload = text_workload(corpus_token_ids(), num_prompts, seed, prompt=(96, 0.7, 16, 512), output=(32, 0.5, 8, 96))
     prompts = eval_set()
     conts, ref_scores = reference(prompts, make_engine, model=model)
-    return lambda config: measure_config(config, make_engine, workload, prompts, conts, ref_scores, slo, model, request_rate)
+    return lambda config: measure_config(config, make_engine, workload, prompts, conts, ref_scores, slo, model,
+                                         request_rate)
 
 def sweep(configs: list[dict], out, make_engine, num_prompts: int = 24, seed: int = 0, slo=(1.0, 0.05), model=None,
           progress: bool = True, request_rate: float = math.inf) -> list[dict]:
     """Measure every configuration not already in `out` (JSON lines, appended as each finishes): resumable.
     `make_engine(model, **knobs)`: the facade's `build_engine` (the frontier layer does not import the facade)."""
     out = Path(out)
-    done = {config_key(json.loads(l)["config"]) for l in out.read_text().splitlines() if l.strip()} if out.exists() else set()
+    lines = out.read_text().splitlines() if out.exists() else []
+    done = {config_key(json.loads(l)["config"]) for l in lines if l.strip()}
     todo = [c for c in configs if config_key(c) not in done]
     if not todo: return []
     evaluate = evaluator(make_engine, num_prompts, seed, slo, model, request_rate)
@@ -178,12 +185,15 @@ def sweep_main(argv: list[str] | None = None, make_engine=None) -> int:
     "`inferlab sweep`: the default grid (or a batch-size subset) on the shipped model, appended to --out."
     import argparse, sys
     ap = argparse.ArgumentParser(prog="inferlab sweep", description="Measure a grid of engine configurations.")
-    ap.add_argument("--out", default="results.jsonl", help="JSON lines, one per configuration; rows already there are skipped")
+    ap.add_argument("--out", default="results.jsonl",
+                    help="JSON lines, one per configuration; rows already there are skipped")
     ap.add_argument("--model", default=None, help="checkpoint directory or shipped name (default tiny-dense)")
     ap.add_argument("--grid", choices=("default", "factorial"), default="default",
-                    help="default: one knob at a time; factorial: combinations of techniques (parallelism x quantization "
+                    help="default: one knob at a time; factorial: combinations of techniques (parallelism x "
+                         "quantization "
                          "x KV dtype x speculation), each with at least two")
-    ap.add_argument("--batch-sizes", default=None, help="max_num_seqs values, comma-separated (default 4,16,64; factorial 4,32)")
+    ap.add_argument("--batch-sizes", default=None,
+                    help="max_num_seqs values, comma-separated (default 4,16,64; factorial 4,32)")
     ap.add_argument("--num-prompts", type=int, default=24, help="requests in the workload (default 24)")
     ap.add_argument("--request-rate", type=float, default=math.inf,
                     help="requests per second, Poisson arrivals (default inf: all at once, offline)")
@@ -195,10 +205,12 @@ def sweep_main(argv: list[str] | None = None, make_engine=None) -> int:
         sizes = tuple(int(x) for x in a.batch_sizes.split(","))
         if not sizes or min(sizes) < 1: raise ValueError
     except ValueError:
-        print(f"inferlab sweep: error: --batch-sizes: expected positive integers separated by commas, got {a.batch_sizes!r}",
+        print(f"inferlab sweep: error: --batch-sizes: expected positive integers separated by commas, "
+              f"got {a.batch_sizes!r}",
               file=sys.stderr); return 2
     if a.num_prompts < 1: print("inferlab sweep: error: --num-prompts: must be >= 1", file=sys.stderr); return 2
-    if not a.request_rate > 0: print(f"inferlab sweep: error: --request-rate: must be > 0, got {a.request_rate}", file=sys.stderr); return 2
+    if not a.request_rate > 0: print(f"inferlab sweep: error: --request-rate: must be > 0, got {a.request_rate}",
+                                     file=sys.stderr); return 2
     t0 = time.perf_counter()
     grid = default_grid(sizes) if a.grid == "default" else factorial_grid(batch_sizes=sizes)
     rows = sweep(grid, a.out, make_engine, a.num_prompts, slo=(a.slo_ttft_ms / 1e3, a.slo_tpot_ms / 1e3),
@@ -208,7 +220,8 @@ def sweep_main(argv: list[str] | None = None, make_engine=None) -> int:
     return 0
 
 # %% ../../nbs/76_sweep.ipynb #8972f4b3
-PARALLEL = {"tp1": dict(tensor_parallel_size=1, data_parallel_size=1), "tp2": dict(tensor_parallel_size=2, data_parallel_size=1),
+PARALLEL = {"tp1": dict(tensor_parallel_size=1, data_parallel_size=1),
+            "tp2": dict(tensor_parallel_size=2, data_parallel_size=1),
             "dp2": dict(tensor_parallel_size=1, data_parallel_size=2)}
 FACTORIAL = dict(parallel=("tp1", "tp2", "dp2"), quantization=(None, "fp8", "w4a16"), kv_cache_dtype=(None, "fp8"),
                  speculative_config=(None, NGRAM))

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json, math
 import numpy as np
 from .frontier import FRONTIER_AXES
-from .sweep import (VARIANTS, FACTORIAL, PARALLEL, config_key, config_label, default_grid,
-                                     factorial_grid, goodput)
+from .sweep import (VARIANTS, FACTORIAL, PARALLEL, config_key, default_grid, factorial_grid, goodput)
 
 # %% auto #0
 __all__ = ['DEFAULT_CONFIG', 'to_minimize', 'hypervolume', 'Normalizer', 'tune', 'runs_to_reach', 'joint_config', 'replay',
@@ -19,7 +18,8 @@ __all__ = ['DEFAULT_CONFIG', 'to_minimize', 'hypervolume', 'Normalizer', 'tune',
 # %% ../../nbs/77_tune.ipynb #75d2520b
 def to_minimize(rows: list[dict], maximize=FRONTIER_AXES["maximize"], minimize=FRONTIER_AXES["minimize"]) -> np.ndarray:
     "[n, objectives]: the maximized axes negated, so that smaller is better everywhere."
-    return np.array([[-float(r[k]) for k in maximize] + [float(r[k]) for k in minimize] for r in rows]).reshape(len(rows), -1)
+    F = [[-float(r[k]) for k in maximize] + [float(r[k]) for k in minimize] for r in rows]
+    return np.array(F).reshape(len(rows), -1)
 
 def _hv2(pts: np.ndarray, ref: np.ndarray) -> float:
     "Area dominated by 2-D points (minimization) up to `ref`."
@@ -108,11 +108,13 @@ def replay(rows: list[dict]):
 def with_slo(rows: list[dict], slo_ttft: float, slo_tpot: float) -> list[dict]:
     "The rows with goodput re-scored under other SLOs from each row's per-request records (chapter 76's `goodput`)."
     for i, r in enumerate(rows):
-        if "requests" not in r: raise ValueError(f"row {i} ({config_key(r['config'])}): no per-request records to re-score goodput from")
+        if "requests" not in r:
+            raise ValueError(f"row {i} ({config_key(r['config'])}): no per-request records to re-score goodput from")
     return [r | {"goodput": goodput(r, slo_ttft, slo_tpot)} for r in rows]
 
 def tune_report(found: list[dict], grid_rows: list[dict], fraction: float = 0.95, axes: dict | None = None) -> dict:
-    "The search against the grid: hypervolume reached, runs to reach `fraction` of the grid's, best goodput vs the default's."
+    """The search against the grid: hypervolume reached, runs to reach `fraction` of the grid's, best goodput vs the
+    default's."""
     norm = Normalizer(grid_rows, **(axes or FRONTIER_AXES))
     hv_grid = norm.hv(grid_rows)
     default = next((r for r in grid_rows if config_key(r["config"]) == config_key(DEFAULT_CONFIG)), None)
@@ -121,29 +123,44 @@ def tune_report(found: list[dict], grid_rows: list[dict], fraction: float = 0.95
                 runs_to_target=runs_to_reach(found, norm, fraction * hv_grid), best_goodput=best["goodput"],
                 best_config=best["config"], default_goodput=None if default is None else default["goodput"])
 
-def tune_main(argv: list[str] | None = None, make_engine=None) -> int:
-    "`inferlab tune`: NSGA-II over the sweep's grid, measured live or replayed from a sweep's rows."
-    import argparse, sys
-    from inferlab.frontier.frontier import read_rows
-    from inferlab.frontier.sweep import evaluator
-    ap = argparse.ArgumentParser(prog="inferlab tune", description="Search the engine's configurations (optuna NSGA-II).")
-    ap.add_argument("--runs", type=int, default=24, help="distinct configurations to measure (default 24: half the grid)")
+# %% ../../nbs/77_tune.ipynb #247901e2
+def _tune_parser():
+    "`inferlab tune`'s flags."
+    import argparse
+    ap = argparse.ArgumentParser(prog="inferlab tune",
+                                 description="Search the engine's configurations (optuna NSGA-II).")
+    ap.add_argument("--runs", type=int, default=24,
+                    help="distinct configurations to measure (default 24: half the grid)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--replay", default=None, help="a sweep's JSON lines: look configurations up instead of running them")
+    ap.add_argument("--replay", default=None,
+                    help="a sweep's JSON lines: look configurations up instead of running them")
     ap.add_argument("--grid", default=None, help="the full grid's rows, to score the search (default: --replay's)")
     ap.add_argument("--out", default=None, help="write the measured rows as JSON lines")
-    ap.add_argument("--maximize", default=",".join(FRONTIER_AXES["maximize"]), help="objectives to maximize, comma-separated")
-    ap.add_argument("--minimize", default=",".join(FRONTIER_AXES["minimize"]), help="objectives to minimize, comma-separated")
-    ap.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput's TTFT SLO (default: the rows' own goodput, "
+    ap.add_argument("--maximize", default=",".join(FRONTIER_AXES["maximize"]),
+                    help="objectives to maximize, comma-separated")
+    ap.add_argument("--minimize", default=",".join(FRONTIER_AXES["minimize"]),
+                    help="objectives to minimize, comma-separated")
+    ap.add_argument("--slo-ttft-ms", type=float, default=None,
+                    help="goodput's TTFT SLO (default: the rows' own goodput, "
                     "or 1000 live); replayed rows are re-scored from their per-request records")
-    ap.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput's TPOT SLO (default: as --slo-ttft-ms; 50 live)")
-    ap.add_argument("--request-rate", type=float, default=math.inf, help="live: requests per second (default inf: offline)")
+    ap.add_argument("--slo-tpot-ms", type=float, default=None,
+                    help="goodput's TPOT SLO (default: as --slo-ttft-ms; 50 live)")
+    ap.add_argument("--request-rate", type=float, default=math.inf,
+                    help="live: requests per second (default inf: offline)")
     ap.add_argument("--num-prompts", type=int, default=24, help="live: requests in the workload (default 24)")
     ap.add_argument("--space", choices=("variants", "factorial"), default="variants",
                     help="variants: the default grid's one-knob variants; factorial: the joint space of parallelism x "
                          "quantization x KV dtype x speculation (chapter 76's factorial axes)")
     ap.add_argument("--batch-sizes", default="4,16,64", help="max_num_seqs values to search, comma-separated")
-    a = ap.parse_args(argv)
+    return ap
+
+# %% ../../nbs/77_tune.ipynb #47baf364
+def tune_main(argv: list[str] | None = None, make_engine=None) -> int:
+    "`inferlab tune`: NSGA-II over the sweep's grid, measured live or replayed from a sweep's rows."
+    import sys
+    from inferlab.frontier.frontier import read_rows
+    from inferlab.frontier.sweep import evaluator
+    a = _tune_parser().parse_args(argv)
     split = lambda s: tuple(x for x in s.split(",") if x)
     axes = dict(maximize=split(a.maximize), minimize=split(a.minimize))
     if a.runs < 1: print("inferlab tune: error: --runs: must be >= 1", file=sys.stderr); return 2
@@ -173,6 +190,7 @@ def tune_main(argv: list[str] | None = None, make_engine=None) -> int:
         slo_text = f" under TTFT <= {a.slo_ttft_ms:g} ms, TPOT <= {a.slo_tpot_ms:g} ms" if slo else ""
         g = f"{rep['best_goodput']:.2f} req/s{slo_text} ({json.dumps(rep['best_config'], sort_keys=True)})"
         d = rep["default_goodput"]
-        ratio = "" if d is None else f"; default configuration {d:.2f} req/s" + (f" ({rep['best_goodput'] / d:.2f}x)" if d > 0 else "")
+        ratio = "" if d is None else (f"; default configuration {d:.2f} req/s"
+                                      + (f" ({rep['best_goodput'] / d:.2f}x)" if d > 0 else ""))
         print(f"best goodput {g}{ratio}")
     return 0

@@ -20,8 +20,8 @@ from ..quant.presets import check_quantization, input_block
 from ..spec_decode.spec_decoder import SpeculativeConfig, add_speculation
 from .collectives import free_port, init_distributed
 from .tensor_parallel import ParallelConfig, shard_config
-from .worker import (OP_STEP, OP_STOP, OP_END, ParallelError, ParallelRunner, StepChannel,
-                                      backend_for, comm_device, load_rank_model, make_rank_runner, parallel_runner,
+from .worker import (OP_STOP, OP_END, ParallelError, ParallelRunner, StepChannel, backend_for,
+                                      comm_device, load_rank_model, make_rank_runner, parallel_runner,
                                       quantize_rank_model, rank_device, serve_steps, worker_main)
 
 # %% auto #0
@@ -79,7 +79,8 @@ def recv_outputs() -> list[tuple]:
     dev = comm_device()
     n = torch.zeros(3, dtype=torch.int64, device=dev); dist.broadcast(n, 0)
     count, n_tok, n_text = n.tolist()
-    rows = torch.zeros(count, 5, dtype=torch.int64, device=dev); tokens = torch.zeros(n_tok, dtype=torch.int64, device=dev)
+    rows = torch.zeros(count, 5, dtype=torch.int64, device=dev); tokens = torch.zeros(n_tok, dtype=torch.int64,
+                                                                                      device=dev)
     text = torch.zeros(n_text, dtype=torch.uint8, device=dev)
     for t in (rows, tokens, text):
         if t.numel(): dist.broadcast(t, 0)
@@ -123,7 +124,8 @@ class FollowerEngine(Engine):
         outs = []
         for idx, reason, toks, text, rejected in recv_outputs():
             rid, prompt = self._pending.pop(idx)
-            outs.append(RequestOutput(rid, prompt if isinstance(prompt, str) else None, [], text if not rejected else "",
+            outs.append(RequestOutput(rid, prompt if isinstance(prompt, str) else None, [],
+                                      text if not rejected else "",
                                       toks, True, reason, error=ValueError(text) if rejected else None))
         return outs
 
@@ -237,7 +239,8 @@ class WorkerWatch:
         try:
             while self.conns[i].poll():
                 msg = json.loads(self.conns[i].recv_bytes())
-                if msg["event"] == "error": raise RuntimeError(f"worker rank {i + 1} failed while starting:\n{msg['error']}")
+                if msg["event"] == "error":
+                    raise RuntimeError(f"worker rank {i + 1} failed while starting:\n{msg['error']}")
                 self.seen[i].add(msg["event"])
         except (EOFError, OSError): pass               # its end closed: the exit code says the rest
 
@@ -278,7 +281,7 @@ def spawn_workers(world: int, port: int, *args) -> tuple[list, WorkerWatch]:
     return procs, WorkerWatch(procs, conns)
 
 # %% ../../nbs/44_parallel_engine.ipynb #eb73a364
-def _under_torchrun() -> bool: return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_PORT" in os.environ
+def _under_torchrun() -> bool: return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
 
 def abandon(workers: list):
     "A launch that failed: kill the workers at once (there is no runner to stop them) and drop the group."
@@ -303,7 +306,8 @@ def check_parallel(parallel: ParallelConfig, cfg, path, quantization: str | None
     shard_config(cfg, parallel.tensor_parallel_size, parallel.enable_expert_parallel, parallel.expert_parallel_size,
                  align=align)
     if spec is not None and spec.method == "medusa":
-        raise ValueError(f"speculative_config: method 'medusa' with tensor_parallel_size={parallel.tensor_parallel_size}"
+        raise ValueError(f"speculative_config: method 'medusa' with "
+                         f"tensor_parallel_size={parallel.tensor_parallel_size}"
                          f", data_parallel_size={parallel.data_parallel_size}: its heads read the target's whole LM "
                          "head and hidden states, which the ranks split (use ngram, draft_model or rest)")
     if quantization == "nvfp4" and parallel.tensor_parallel_size > 1:
@@ -328,12 +332,15 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
     if spmd: rank = _join_torchrun(parallel, world, threads, device)
     else:
         if (line := unguarded_main_line()) is not None:
-            raise RuntimeError(f"tensor_parallel_size: {sys.modules['__main__'].__file__}:{line} runs at the script's top "
+            raise RuntimeError(f"tensor_parallel_size: {sys.modules['__main__'].__file__}:{line} runs at the "
+                               "script's top "
                                f"level; {GUARD_HINT}")
         if dist.is_initialized():
-            raise RuntimeError("launch: this process already has a process group (another parallel LLM?); shut it down first")
+            raise RuntimeError("launch: this process already has a process group (another parallel LLM?); shut it down "
+                               "first")
         port, rank = free_port(), 0
-        workers, watch = spawn_workers(world, port, str(path), parallel, config, dtype, device, threads, quantization, align)
+        workers, watch = spawn_workers(world, port, str(path), parallel, config, dtype, device, threads, quantization,
+                                       align)
     try:
         if not spmd: rank_device(device, 0); init_distributed(0, world, port, backend_for(device), on_wait=watch.check)
         rank_model = load_rank_model(path, parallel, rank, dtype, rank_device(device, rank), align)

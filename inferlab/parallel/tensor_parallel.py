@@ -33,12 +33,14 @@ class ParallelConfig:
     def __post_init__(self):
         for f in ("tensor_parallel_size", "data_parallel_size"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{f}: must be an integer >= 1, got {v!r}")
+            if not isinstance(v, int) or isinstance(v,
+                    bool) or v < 1: raise ValueError(f"{f}: must be an integer >= 1, got {v!r}")
         if not isinstance(self.enable_expert_parallel, bool):
             raise ValueError(f"enable_expert_parallel: must be True or False, got {self.enable_expert_parallel!r}")
         if self.tensor_parallel_size > 1 and self.data_parallel_size > 1:
             raise ValueError("data_parallel_size: combining data parallelism with tensor_parallel_size > 1 is not "
-                             "supported; use one or the other (attention DP with expert parallelism: tensor_parallel_size=1)")
+                             "supported; use one or the other (attention DP with expert parallelism: "
+                             "tensor_parallel_size=1)")
 
     @property
     def world_size(self) -> int: return self.tensor_parallel_size * self.data_parallel_size
@@ -47,13 +49,15 @@ class ParallelConfig:
 
 # %% ../../nbs/41_tensor_parallel.ipynb #b1af5024
 def kv_heads_of_rank(rank: int, tp: int, num_kv_heads: int) -> list[int]:
-    "The KV heads rank `rank` of `tp` holds: its `KV/tp` own heads, or the one head its query heads read when `KV < tp`."
+    """The KV heads rank `rank` of `tp` holds: its `KV/tp` own heads, or the one head its query heads read when `KV <
+    tp`."""
     if num_kv_heads >= tp: return list(range(rank * num_kv_heads // tp, (rank + 1) * num_kv_heads // tp))
     return [rank * num_kv_heads // tp]
 
 def inner_slice(size: int, tp: int, rank: int, align: int = 1) -> tuple[int, int]:
     """(start, stop) of rank `rank`'s share of an MLP's inner dimension: `size / tp` each, or, when `align` > 1 (a
-    quantized format whose scales cover `align` consecutive inputs), whole blocks of `align` split as evenly as they go."""
+    quantized format whose scales cover `align` consecutive inputs), whole blocks of `align` split as evenly as they
+    go."""
     units = -(-size // align)
     return min(size, align * (units * rank // tp)), min(size, align * (units * (rank + 1) // tp))
 
@@ -69,7 +73,8 @@ def shard_config(cfg: ModelConfig, tp: int, expert_parallel: bool = False, ep: i
                          "(KV heads are split, or replicated when there are fewer than ranks)")
     dense_layers = cfg.num_hidden_layers - len(cfg.moe_layers)
     moe, sliced_moe = cfg.moe_intermediate_size, cfg.num_experts and not expert_parallel
-    for field, size, used in (("intermediate_size", cfg.intermediate_size, dense_layers), ("moe_intermediate_size", moe, sliced_moe)):
+    for field, size, used in (("intermediate_size", cfg.intermediate_size, dense_layers),
+                              ("moe_intermediate_size", moe, sliced_moe)):
         if not used or tp == 1: continue
         if align == 1 and size % tp: raise ValueError(f"tensor_parallel_size: {tp} does not divide {field}={size}")
         if -(-size // align) < tp:
@@ -208,7 +213,8 @@ class ParallelLMHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(rows, dim), requires_grad=False)
         self.vocab_size, self.group, self.comm_seconds = vocab_size, group, 0.0
-        self.quantized = None                   # a QuantLinear of this rank's rows, when the model is quantized (ch. 43)
+        # a QuantLinear of this rank's rows, when the model is quantized (ch. 43)
+        self.quantized = None
 
     def forward(self, h):                       # [n, dim] -> [n, vocab]
         local = F.linear(h, self.weight) if self.quantized is None else self.quantized(h)   # [n, rows]
@@ -268,7 +274,8 @@ def rank_footprint(cfg: ModelConfig, tp: int, dtype_bytes: int = 2) -> dict:
     local = shard_config(cfg, tp)
     c = param_counts(local)
     vocab_rows = vocab_shard(cfg.vocab_size, tp, 0)[1]
-    weights = (c["attention"] + c["mlp"] + c["norms"]) + vocab_rows * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    embeddings = vocab_rows * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    weights = (c["attention"] + c["mlp"] + c["norms"]) + embeddings
     kv = 2 * cfg.num_hidden_layers * local.num_key_value_heads * cfg.head_dim * dtype_bytes
     return dict(tp=tp, weight_bytes=weights * dtype_bytes, kv_bytes_per_token=kv,
                 q_heads=local.num_attention_heads, kv_heads=local.num_key_value_heads)

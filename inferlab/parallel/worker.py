@@ -36,7 +36,8 @@ STEP_FIELDS = 8                         # header ints per step
 @dataclass
 class PackedStep:
     "One rank's step as `STEP_FIELDS` header ints and one int64 payload."
-    header: list[int]                   # [prefill tokens, sample?, T, prefills, prefill table width, decodes, decode table width, R]
+    # [prefill tokens, sample?, T, prefills, prefill table width, decodes, decode table width, R]
+    header: list[int]
     payload: torch.Tensor
 
     @property
@@ -150,6 +151,7 @@ def quantize_rank_model(model, quantization: str | None, parallel: ParallelConfi
         head.quantized = QuantLinear.from_linear(shape, recipe.weights, recipe.activations, weight=head.weight)
     return model
 
+# %% ../../nbs/43_parallel_runner.ipynb #5f44e147
 def rank_device(device, rank: int):
     "One GPU per rank (`cuda:LOCAL_RANK`, made current for NCCL); every CPU rank shares the CPU."
     if device is None and torch.cuda.is_available(): device = "cuda"
@@ -238,7 +240,8 @@ class ParallelRunner(ModelRunner):
     It owns the group: `shutdown` (or the runner being collected, or the interpreter exiting) tears it down."""
     def __init__(self, model, num_blocks: int, block_size: int, parallel: ParallelConfig, threads: int,
                  workers: list = (), kv_cache_dtype: str | None = None, kv_scales=None):
-        dist.broadcast(torch.tensor([num_blocks], device=comm_device()), 0)   # the workers size their KV pools from this
+        # the workers size their KV pools from this
+        dist.broadcast(torch.tensor([num_blocks], device=comm_device()), 0)
         super().__init__(model, num_blocks, block_size, kv_cache_dtype, kv_scales)
         if self.threads is not None: self.threads = CpuThreads(threads)
         self.parallel, self.workers = parallel, list(workers)
@@ -296,5 +299,6 @@ def parallel_runner(parallel: ParallelConfig, threads: int, workers: list = ()):
     the workers (`make_rank_runner`), then a `ParallelRunner`."""
     def make(model, num_blocks: int, config, max_model_len: int):
         scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
-        return ParallelRunner(model, num_blocks, config.block_size, parallel, threads, workers, config.kv_cache_dtype, scales)
+        return ParallelRunner(model, num_blocks, config.block_size, parallel, threads, workers, config.kv_cache_dtype,
+                              scales)
     return make

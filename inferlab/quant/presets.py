@@ -7,11 +7,11 @@ Docs: https://inferlab.github.io/inferlab/presets.html.md"""
 # %% ../../nbs/26_presets.ipynb #b6c2ee1b
 from __future__ import annotations
 from typing import Callable
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from ..engine.model_runner import pack_model
-from .linear import (QuantLinear, parse_weight_format, weight_scales, scales_per_column, quantize_to_codes,
+from .linear import (QuantLinear, parse_weight_format, weight_scales, scales_per_column,
+                                   quantize_to_codes,
                                    padded_in_features)
 from .quantize import QuantRecipe, quant_targets, quantize, _set_module
 from .kernels import use_gpu_kernels
@@ -27,10 +27,12 @@ QUANTIZATION_RECIPES = {"w8a16": dict(weights="int8"), "w4a16": dict(weights="in
 def check_quantization(quantization: str | None):
     "A `ValueError` naming `quantization` unless it is None or a preset."
     if quantization is not None and quantization not in QUANTIZATION_RECIPES:
-        raise ValueError(f"quantization: {quantization!r} is not supported; valid: None, {', '.join(QUANTIZATION_RECIPES)}")
+        raise ValueError(f"quantization: {quantization!r} is not supported; valid: None, "
+                         f"{', '.join(QUANTIZATION_RECIPES)}")
 
 def input_block(quantization: str | None) -> int:
-    "How many consecutive inputs share one scale in the preset's weight format: a split of the inputs must not cut them."
+    """How many consecutive inputs share one scale in the preset's weight format: a split of the inputs must not cut
+    them."""
     if quantization is None: return 1
     spec = parse_weight_format(QUANTIZATION_RECIPES[quantization]["weights"])
     if spec.granularity == "group": return spec.group_size
@@ -45,7 +47,8 @@ def quantize_model(model: nn.Module, quantization: str, split_inputs: Callable |
     check_quantization(quantization)
     model = pack_model(model, k_major=False)
     routers = [f"{n}.gate" for n, m in model.named_modules()              # every MoE block's router, whatever its kind
-               if isinstance(getattr(m, "experts", None), nn.ModuleList) and isinstance(getattr(m, "gate", None), nn.Linear)]
+               if isinstance(getattr(m, "experts", None), nn.ModuleList) and isinstance(getattr(m, "gate", None),
+                                                                                        nn.Linear)]
     recipe = QuantRecipe(**QUANTIZATION_RECIPES[quantization], skip=routers)
     if split_inputs is None: quantize(model, recipe)
     else:
@@ -71,4 +74,5 @@ def quantize_shard(lin: nn.Module, recipe: QuantRecipe, reduce_max: Callable) ->
     K = w.shape[1]
     Kp = padded_in_features(K, spec) if spec.kind == "int" else K
     codes = quantize_to_codes(F.pad(w.float(), (0, Kp - K)), scales_per_column(s, spec, Kp), spec)
-    return QuantLinear(lin.in_features, lin.out_features, recipe.weights, recipe.activations, codes, s, lin.bias, w.dtype)
+    return QuantLinear(lin.in_features, lin.out_features, recipe.weights, recipe.activations, codes, s, lin.bias,
+                       w.dtype)

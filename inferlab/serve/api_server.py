@@ -14,8 +14,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.interface import EngineDeadError
 from .async_engine import AsyncLLMEngine, QueueFull
 from .metrics import ServerMetrics
-from .protocol import (OpenAIError, param_of, CompletionRequest, ChatCompletionRequest, parse_request, prompt_list,
-                                     sampling_params, render_chat, new_id, usage, sse, finish_reason, completion_logprobs, chat_logprobs,
+from .protocol import (OpenAIError, param_of, CompletionRequest, ChatCompletionRequest, parse_request,
+                                     prompt_list,
+                                     sampling_params, render_chat, new_id, usage, sse, finish_reason,
+                                     completion_logprobs, chat_logprobs,
                                      completion_response, completion_chunk, chat_response, chat_chunk, usage_chunk)
 
 # %% auto #0
@@ -36,7 +38,8 @@ class Run:
         engine step; one refusal aborts them all."""
         for i, _, _ in jobs: self.index[f"{self.base_id}-{i}"] = i
         try:
-            results = await asyncio.gather(*(self.aengine.add_request(ids, params, f"{self.base_id}-{i}", queue=self.queue)
+            results = await asyncio.gather(*(self.aengine.add_request(ids, params, f"{self.base_id}-{i}",
+                                                                      queue=self.queue)
                                              for i, ids, params in jobs), return_exceptions=True)
         except BaseException: self.abort(); raise              # the client left while the engine took them
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -85,7 +88,8 @@ class ServerState:
                               code="model_not_found")
 
     def encode(self, prompt, param: str = "prompt") -> list[int]:
-        if isinstance(prompt, list): return prompt             # token ids: the engine checks them against the vocabulary
+        # token ids: the engine checks them against the vocabulary
+        if isinstance(prompt, list): return prompt
         if self.tokenizer is None: raise OpenAIError(400, f"{param}: text given but the server has no tokenizer", param)
         return self.tokenizer.encode(prompt)
 
@@ -108,9 +112,11 @@ async def completions(request: Request):
     req = parse_request(await read_body(request), CompletionRequest)
     st.check_model(req.model)
     if req.suffix is not None: raise OpenAIError(400, "suffix: not supported", "suffix")
-    if req.echo and req.logprobs is not None: raise OpenAIError(400, "echo: not supported with logprobs (no prompt logprobs)", "echo")
+    if req.echo and req.logprobs is not None: raise OpenAIError(400,
+            "echo: not supported with logprobs (no prompt logprobs)", "echo")
     prompts = prompt_list(req.prompt)
-    if len(prompts) > MAX_PROMPTS: raise OpenAIError(400, f"prompt: at most {MAX_PROMPTS} prompts per request", "prompt")
+    if len(prompts) > MAX_PROMPTS: raise OpenAIError(400, f"prompt: at most {MAX_PROMPTS} prompts per request",
+                                                     "prompt")
     ids = [st.encode(p) for p in prompts]
     jobs = [(k * req.n + c, p, sampling_params(req, len(p), st.engine.max_model_len, st.defaults, c))
             for k, p in enumerate(ids) for c in range(req.n)]
@@ -187,17 +193,20 @@ async def chat_completions(request: Request):
     if req.stream: return _sse(_chat_stream(st, req, run, created, len(ids)))
     finals = await _unless_disconnected(request, run)
     choices = [{"index": i, "message": {"role": "assistant", "content": out.text}, "finish_reason": out.finish_reason,
-                "logprobs": chat_logprobs(st.tokenizer, out.token_ids, out.logprobs, out.top_logprobs) if req.logprobs else None}
+                "logprobs": chat_logprobs(st.tokenizer, out.token_ids, out.logprobs,
+                                          out.top_logprobs) if req.logprobs else None}
                for i, out in sorted(finals.items())]
     return chat_response(run.base_id, st.model_name, created, choices,
                          usage(len(ids), sum(len(o.token_ids) for o in finals.values())))
 
 def _chat_stream(st, req, run, created, prompt_tokens):
     def chunk(i, out, n0):
-        lp = chat_logprobs(st.tokenizer, out.token_ids[n0:], out.logprobs[n0:], out.top_logprobs[n0:]) if req.logprobs else None
+        lp = chat_logprobs(st.tokenizer, out.token_ids[n0:], out.logprobs[n0:],
+                           out.top_logprobs[n0:]) if req.logprobs else None
         delta = {"content": out.new_text} if out.new_text else {}
         return chat_chunk(run.base_id, st.model_name, created, i, delta, finish_reason(out), lp)
-    first = [sse(chat_chunk(run.base_id, st.model_name, created, c, {"role": "assistant", "content": ""})) for c in range(req.n)]
+    first = [sse(chat_chunk(run.base_id, st.model_name, created, c,
+                            {"role": "assistant", "content": ""})) for c in range(req.n)]
     use = lambda u: usage_chunk(run.base_id, st.model_name, created, "chat.completion.chunk", u)
     return _stream(run, first, chunk, use, bool(req.stream_options and req.stream_options.include_usage), prompt_tokens)
 
@@ -236,7 +245,8 @@ async def _on_unexpected(request, e: Exception):
 # %% ../../nbs/54_api_server.ipynb #9f2a8fe0
 def create_app(engine, served_model_name: str | None = None, api_key: str | None = None, max_waiting: int = 512,
                defaults: dict | None = None, start_engine: bool = True) -> FastAPI:
-    """The OpenAI-compatible app over `engine` (any `Engine` of chapter 15c, built by the caller: `inferlab serve` uses the
+    """The OpenAI-compatible app over `engine` (any `Engine` of chapter 15c, built by the caller: `inferlab serve`
+    uses the
     facade). Its engine loop starts now on a thread of its own (`start_engine=False`: `serve` runs it on the calling
     thread) and stops when the app shuts down."""
     name = served_model_name or str(engine.model_name).rstrip("/").split("/")[-1]
@@ -247,7 +257,8 @@ def create_app(engine, served_model_name: str | None = None, api_key: str | None
         state.aengine.shutdown()
     app = FastAPI(title="inferlab", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.inferlab = state
-    for path, fn, methods in [("/v1/completions", completions, ["POST"]), ("/v1/chat/completions", chat_completions, ["POST"]),
+    for path, fn, methods in [("/v1/completions", completions, ["POST"]),
+                              ("/v1/chat/completions", chat_completions, ["POST"]),
                               ("/v1/models", list_models, ["GET"]), ("/v1/models/{model:path}", get_model, ["GET"]),
                               ("/health", health, ["GET"]), ("/metrics", metrics, ["GET"])]:
         app.add_api_route(path, fn, methods=methods)
@@ -260,7 +271,8 @@ def create_app(engine, served_model_name: str | None = None, api_key: str | None
 def _require_key(key: str):
     want = f"Bearer {key}".encode()
     async def check(request: Request, call_next):
-        if request.url.path.startswith("/v1/") and not hmac.compare_digest(request.headers.get("authorization", "").encode(), want):
+        if request.url.path.startswith("/v1/") and not hmac.compare_digest(request.headers.get("authorization",
+                                                                                               "").encode(), want):
             return _error_response(OpenAIError(401, "Authorization: missing or wrong API key (Bearer <key>)", None,
                                                code="invalid_api_key"))
         return await call_next(request)

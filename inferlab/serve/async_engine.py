@@ -6,8 +6,9 @@ Docs: https://inferlab.github.io/inferlab/async_engine.html.md"""
 
 # %% ../../nbs/50_async_engine.ipynb #92f844e2
 from __future__ import annotations
-import asyncio, collections, dataclasses, itertools, threading, time
+import asyncio, collections, dataclasses, itertools, threading
 from ..engine.interface import Engine, RequestOutput, EngineDeadError
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['QueueFull', 'AsyncLLMEngine']
@@ -35,7 +36,8 @@ def _put_all(items):
 
 # %% ../../nbs/50_async_engine.ipynb #5f62a6be
 class AsyncLLMEngine:
-    """An engine (any `Engine`, chapter 15c) driven by its own thread: `await add_request(...)` (ValueError for a bad request, `QueueFull`
+    """An engine (any `Engine`, chapter 15c) driven by its own thread: `await add_request(...)` (ValueError for a
+    bad request, `QueueFull`
     when `max_waiting` wait already), `generate(...)` streams `RequestOutput`s, `abort(id)` from anywhere.
     `observer` (optional) sees the engine and the outputs after every step, on the engine thread (metrics)."""
     def __init__(self, engine: Engine, max_waiting: int = 512, observer=None, start: bool = True):
@@ -93,72 +95,82 @@ class AsyncLLMEngine:
         finally:
             if not finished: self.abort(rid)
 
-    def abort(self, request_id: str):
-        "Abort a request from any thread; its blocks are freed before the next step."
-        self._inbox.append(("abort", request_id)); self._wake.set()
+# %% ../../nbs/50_async_engine.ipynb #c2f7c138
+@patch
+def abort(self: AsyncLLMEngine, request_id: str):
+    "Abort a request from any thread; its blocks are freed before the next step."
+    self._inbox.append(("abort", request_id)); self._wake.set()
 
-    def shutdown(self, timeout: float = 10.0):
-        "Stop the engine loop (and join its thread); requests still in flight are left to their readers' cancellation."
-        self._stop = True; self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread(): self._thread.join(timeout)
+@patch
+def shutdown(self: AsyncLLMEngine, timeout: float = 10.0):
+    "Stop the engine loop (and join its thread); requests still in flight are left to their readers' cancellation."
+    self._stop = True; self._wake.set()
+    if self._thread is not None and self._thread is not threading.current_thread(): self._thread.join(timeout)
 
-    # -- the engine loop ---------------------------------------------------------------------------------------------
-    def run(self):
-        "The engine loop, until `shutdown()`: on the engine's own thread, or on the caller's with `start=False`."
-        self.is_running = True
-        try:
-            while True:
-                self._wake.clear()
-                self._drain()
-                if self._stop: return
-                if not self.engine.has_unfinished():
-                    self._wake.wait(); continue                # idle: sleep until a request or an abort arrives
-                try: outputs = self.engine.step()
-                except EngineDeadError as e: self._die(e); return
-                except Exception as e: outputs = self._fail_all(e)
-                self.num_steps += 1
-                self._deliver(outputs)
-        finally: self.is_running = False
+# -- the engine loop ---------------------------------------------------------------------------------------------
+@patch
+def run(self: AsyncLLMEngine):
+    "The engine loop, until `shutdown()`: on the engine's own thread, or on the caller's with `start=False`."
+    self.is_running = True
+    try:
+        while True:
+            self._wake.clear()
+            self._drain()
+            if self._stop: return
+            if not self.engine.has_unfinished():
+                self._wake.wait(); continue                # idle: sleep until a request or an abort arrives
+            try: outputs = self.engine.step()
+            except EngineDeadError as e: self._die(e); return
+            except Exception as e: outputs = self._fail_all(e)
+            self.num_steps += 1
+            self._deliver(outputs)
+    finally: self.is_running = False
 
-    def _drain(self):
-        "Apply the inbox's commands in the order they came (an abort after its add finds the request)."
-        while self._inbox:
-            kind, *args = self._inbox.popleft()
-            if kind == "add": self._add(*args)
-            else: self.engine.abort(args[0])
+@patch
+def _drain(self: AsyncLLMEngine):
+    "Apply the inbox's commands in the order they came (an abort after its add finds the request)."
+    while self._inbox:
+        kind, *args = self._inbox.popleft()
+        if kind == "add": self._add(*args)
+        else: self.engine.abort(args[0])
 
-    def _add(self, prompt, params, rid, future, stream):
-        self._pending -= 1
-        try: self.engine.add_request(prompt, params, request_id=rid)
-        except Exception as e:                                 # refused: the caller's await raises it
-            stream.loop.call_soon_threadsafe(_settle, future, e); return
-        self._streams[rid] = stream
-        stream.loop.call_soon_threadsafe(_settle, future, None)
+# %% ../../nbs/50_async_engine.ipynb #a5afdb48
+@patch
+def _add(self: AsyncLLMEngine, prompt, params, rid, future, stream):
+    self._pending -= 1
+    try: self.engine.add_request(prompt, params, request_id=rid)
+    except Exception as e:                                 # refused: the caller's await raises it
+        stream.loop.call_soon_threadsafe(_settle, future, e); return
+    self._streams[rid] = stream
+    stream.loop.call_soon_threadsafe(_settle, future, None)
 
-    def _deliver(self, outputs: list[RequestOutput]):
-        if self.observer is not None: self.observer.observe_step(self.engine, outputs)
-        by_loop: dict = {}
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None: continue                        # aborted before its add was ever accepted
-            if out.finished: del self._streams[out.request_id]
-            by_loop.setdefault(stream.loop, []).append((stream.queue, out))
-        for loop, items in by_loop.items():
-            try: loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError: pass                          # that loop has closed: nobody is reading
+@patch
+def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
+    if self.observer is not None: self.observer.observe_step(self.engine, outputs)
+    by_loop: dict = {}
+    for out in outputs:
+        stream = self._streams.get(out.request_id)
+        if stream is None: continue                        # aborted before its add was ever accepted
+        if out.finished: del self._streams[out.request_id]
+        by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+    for loop, items in by_loop.items():
+        try: loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError: pass                          # that loop has closed: nobody is reading
 
-    def _die(self, err: EngineDeadError):
-        "The engine cannot step again: every request in flight ends with `err`, adds not yet taken are refused with it."
-        self.dead, self.is_running = err, False                # /health answers 503 before anyone hears of it
-        self._deliver(self._fail_all(err))
-        while self._inbox:
-            kind, *args = self._inbox.popleft()
-            if kind == "add": args[4].loop.call_soon_threadsafe(_settle, args[3], err)   # (…, future, stream)
+@patch
+def _die(self: AsyncLLMEngine, err: EngineDeadError):
+    "The engine cannot step again: every request in flight ends with `err`, adds not yet taken are refused with it."
+    self.dead, self.is_running = err, False                # /health answers 503 before anyone hears of it
+    self._deliver(self._fail_all(err))
+    while self._inbox:
+        kind, *args = self._inbox.popleft()
+        if kind == "add": args[4].loop.call_soon_threadsafe(_settle, args[3], err)   # (…, future, stream)
 
-    def _fail_all(self, err: Exception) -> list[RequestOutput]:
-        "A bug escaped `step()`: end every request in flight (blocks freed) rather than hang its client."
-        err, outs = RuntimeError(f"engine loop: {type(err).__name__}: {err}"), []
-        for rid in list(self._streams):
-            self.engine.abort(rid)                             # its blocks freed; the error output is ours to give
-            outs.append(RequestOutput(rid, None, [], finished=True, finish_reason="error", error=err))
-        return outs
+@patch
+def _fail_all(self: AsyncLLMEngine, err: Exception) -> list[RequestOutput]:
+    "A bug escaped `step()`: end every request in flight (blocks freed) rather than hang its client."
+    err, outs = RuntimeError(f"engine loop: {type(err).__name__}: {err}"), []
+    for rid in list(self._streams):
+        self.engine.abort(rid)                             # its blocks freed; the error output is ours to give
+        outs.append(RequestOutput(rid, None, [], finished=True, finish_reason="error", error=err))
+    return outs

@@ -109,7 +109,8 @@ def decode_loop(engine: LLMEngine, conn):
                     replies.append(dict(rid=m["rid"], adopted=time.perf_counter() - t0))
                 elif m["op"] == "abort": engine.abort(m["rid"])
             except Exception as e:
-                replies.append(dict(rid=m["rid"], tokens=[], new_text="", text="", finished=True, reason="error", error=str(e)))
+                replies.append(dict(rid=m["rid"], tokens=[], new_text="", text="", finished=True, reason="error",
+                                    error=str(e)))
         outs = engine.step() if engine.has_unfinished() else []
         if outs or replies: send(conn, dict(op="out", outs=[_out(o, sent) for o in outs] + replies, pool=_pool(engine)))
 
@@ -121,7 +122,8 @@ def prefill_loop(engine: LLMEngine, conn):
             m, timeout = recv(conn), 0
             if m["op"] == "stop": return
             if m["op"] == "prefill":
-                p = SamplingParams(**{**m["params"], "max_tokens": 1, "stop": [], "stop_token_ids": [], "ignore_eos": True,
+                p = SamplingParams(**{**m["params"], "max_tokens": 1, "stop": [], "stop_token_ids": [],
+                                      "ignore_eos": True,
                                       "logprobs": None})
                 try: engine.add_request(m["prompt"], p, m["rid"])
                 except Exception as e: send(conn, dict(op="prefill_failed", rid=m["rid"], error=str(e)))
@@ -133,7 +135,8 @@ def prefill_loop(engine: LLMEngine, conn):
                 if pl is None: msgs.append(dict(op="prefill_failed", rid=o.request_id, error=str(o.error))); continue
                 name, meta = write_payload(pl)
                 leases.append((name, time.monotonic()))
-                msgs.append(dict(op="kv", rid=o.request_id, shm=name, meta=meta, blocks=pl.kv.shape[2], nbytes=pl.nbytes))
+                msgs.append(dict(op="kv", rid=o.request_id, shm=name, meta=meta, blocks=pl.kv.shape[2],
+                                 nbytes=pl.nbytes))
         for msg in msgs: send(conn, msg)
         now = time.monotonic()
         while leases and now - leases[0][1] > LEASE_S:               # nobody adopted it: reclaim the memory

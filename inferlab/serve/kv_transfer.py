@@ -66,7 +66,8 @@ def prefill(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams 
     return [engine.kv_connector.payloads.pop(r) for r in rids]
 
 # %% ../../nbs/56_kv_transfer.ipynb #65075b66
-def adopt(engine: LLMEngine, payload: KVPayload, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+def adopt(engine: LLMEngine, payload: KVPayload, params: SamplingParams | None = None,
+          request_id: str | None = None) -> str:
     "Continue a prefilled prompt on `engine` from its payload; returns the request id (`step()` produces the rest)."
     def write_kv(block_table, fresh):                        # fresh: blocks the prefix cache did not already have
         n = len(block_table)
@@ -110,7 +111,8 @@ def disagg_demo(rank: int, world_size: int, prompts: list, max_tokens: int, kv_c
     if rank == 0: engine = prefill_engine("tiny-dense", dtype="float32", kv_cache_dtype=kv_cache_dtype)
     else:
         path = resolve_model_path("tiny-dense")
-        engine = LLMEngine(load_model(path, dtype="float32"), load_tokenizer(path), EngineConfig(kv_cache_dtype=kv_cache_dtype))
+        engine = LLMEngine(load_model(path, dtype="float32"), load_tokenizer(path),
+                           EngineConfig(kv_cache_dtype=kv_cache_dtype))
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     if rank == 0:
         for p in prefill(engine, prompts, params): send_kv(p, 1)

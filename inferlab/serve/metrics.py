@@ -8,6 +8,7 @@ Docs: https://inferlab.github.io/inferlab/metrics.html.md"""
 from __future__ import annotations
 import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, CONTENT_TYPE_LATEST
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PREFIX', 'TTFT_BUCKETS', 'TOKEN_BUCKETS', 'E2E_BUCKETS', 'ServerMetrics', 'histogram_quantile']
@@ -30,74 +31,89 @@ class ServerMetrics:
         g = lambda n, d: Gauge(PREFIX + n, d, lab, registry=r).labels(model_name)
         c = lambda n, d: Counter(PREFIX + n, d, lab, registry=r).labels(model_name)
         h = lambda n, d, b: Histogram(PREFIX + n, d, lab, buckets=b, registry=r).labels(model_name)
-        self.running, self.waiting = g("num_requests_running", "Requests in the running batch"), g("num_requests_waiting", "Requests waiting to be scheduled")
+        self.running, self.waiting = g("num_requests_running",
+                "Requests in the running batch"), g("num_requests_waiting", "Requests waiting to be scheduled")
         self.kv_usage = g("kv_cache_usage_perc", "KV-cache usage: fraction of blocks in use (1 = full)")
         self.prefix_queries = c("prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = c("prefix_cache_hits", "Prompt tokens found in the prefix cache")
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens of admitted requests")
         self.generation_tokens = c("generation_tokens", "Generated tokens")
-        self._success = Counter(PREFIX + "request_success", "Finished requests by finish reason", lab + ["finished_reason"], registry=r)
-        for reason in ("stop", "length", "abort", "error"): self._success.labels(model_name, reason)   # 0 until one happens
+        self._success = Counter(PREFIX + "request_success", "Finished requests by finish reason",
+                                lab + ["finished_reason"], registry=r)
+        # 0 until one happens
+        for reason in ("stop", "length", "abort", "error"): self._success.labels(model_name, reason)
         self.ttft = h("time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS)
         self.itl = h("inter_token_latency_seconds", "Time between consecutive outputs of a request", TOKEN_BUCKETS)
-        self.tpot = h("request_time_per_output_token_seconds", "(e2e - TTFT) / (output tokens - 1), per request", TOKEN_BUCKETS)
+        self.tpot = h("request_time_per_output_token_seconds", "(e2e - TTFT) / (output tokens - 1), per request",
+                      TOKEN_BUCKETS)
         self.e2e = h("e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
         self.model_name, self._seen, self._prefix = model_name, {}, (0, 0)   # request id -> (tokens, last output time)
         # disaggregation (chapter 58): the KV the router moved, and each role's queue
-        self.kv_bytes, self.kv_blocks = c("kv_transfer_bytes", "KV-cache bytes moved prefill -> decode"), c("kv_transfer_blocks", "KV blocks moved")
+        self.kv_bytes, self.kv_blocks = c("kv_transfer_bytes",
+                "KV-cache bytes moved prefill -> decode"), c("kv_transfer_blocks", "KV blocks moved")
         self.kv_seconds = h("kv_transfer_seconds", "Time for a decode worker to adopt one request's KV", TOKEN_BUCKETS)
-        self._queue = Gauge(PREFIX + "num_requests_in_flight", "Requests in flight per worker role", lab + ["role"], registry=r)
+        self._queue = Gauge(PREFIX + "num_requests_in_flight", "Requests in flight per worker role", lab + ["role"],
+                            registry=r)
         self._moved = (0, 0)
         # speculative decoding (chapter 34), vLLM's names: drafts proposed and accepted
         self.spec_drafts = c("spec_decode_num_draft_tokens", "Draft tokens proposed and verified")
         self.spec_accepted = c("spec_decode_num_accepted_tokens", "Draft tokens accepted")
         self._spec = (0, 0)
 
-    def observe_step(self, engine, outputs):
-        "After a step: the engine's load figures (chapter 15c's `stats()`, any kind of engine), then each output."
-        now, s = time.perf_counter(), engine.stats()
-        self.running.set(s["num_running"]); self.waiting.set(s["num_waiting"])
-        self.kv_usage.set(1 - s["free_blocks"] / max(1, s["num_blocks"]))
-        q, hits = s["prefix_query_tokens"] - self._prefix[0], s["prefix_hit_tokens"] - self._prefix[1]
-        if q: self.prefix_queries.inc(q); self.prefix_hits.inc(hits)
-        self._prefix = (s["prefix_query_tokens"], s["prefix_hit_tokens"])
-        if "kv_transfer_bytes" in s: self._observe_transfers(s)
-        if "num_draft_tokens" in s:
-            self.spec_drafts.inc(s["num_draft_tokens"] - self._spec[0]); self.spec_accepted.inc(s["num_accepted_tokens"] - self._spec[1])
-            self._spec = (s["num_draft_tokens"], s["num_accepted_tokens"])
-        for out in outputs: self._observe_output(out, now)
+# %% ../../nbs/52_metrics.ipynb #509ea54a
+@patch
+def observe_step(self: ServerMetrics, engine, outputs):
+    "After a step: the engine's load figures (chapter 15c's `stats()`, any kind of engine), then each output."
+    now, s = time.perf_counter(), engine.stats()
+    self.running.set(s["num_running"]); self.waiting.set(s["num_waiting"])
+    self.kv_usage.set(1 - s["free_blocks"] / max(1, s["num_blocks"]))
+    q, hits = s["prefix_query_tokens"] - self._prefix[0], s["prefix_hit_tokens"] - self._prefix[1]
+    if q: self.prefix_queries.inc(q); self.prefix_hits.inc(hits)
+    self._prefix = (s["prefix_query_tokens"], s["prefix_hit_tokens"])
+    if "kv_transfer_bytes" in s: self._observe_transfers(s)
+    if "num_draft_tokens" in s:
+        self.spec_drafts.inc(s["num_draft_tokens"] - self._spec[0])
+        self.spec_accepted.inc(s["num_accepted_tokens"] - self._spec[1])
+        self._spec = (s["num_draft_tokens"], s["num_accepted_tokens"])
+    for out in outputs: self._observe_output(out, now)
 
-    def _observe_transfers(self, s: dict):
-        "A disaggregation router's counters: bytes and blocks moved since the last step, and each role's queue."
-        self.kv_bytes.inc(s["kv_transfer_bytes"] - self._moved[0]); self.kv_blocks.inc(s["kv_transfer_blocks"] - self._moved[1])
-        self._moved = (s["kv_transfer_bytes"], s["kv_transfer_blocks"])
-        for role in ("prefill", "decode"): self._queue.labels(self.model_name, role).set(s[f"num_in_flight_{role}"])
+@patch
+def _observe_transfers(self: ServerMetrics, s: dict):
+    "A disaggregation router's counters: bytes and blocks moved since the last step, and each role's queue."
+    self.kv_bytes.inc(s["kv_transfer_bytes"] - self._moved[0])
+    self.kv_blocks.inc(s["kv_transfer_blocks"] - self._moved[1])
+    self._moved = (s["kv_transfer_bytes"], s["kv_transfer_blocks"])
+    for role in ("prefill", "decode"): self._queue.labels(self.model_name, role).set(s[f"num_in_flight_{role}"])
 
-    def _observe_output(self, out, now: float):
-        n, last = self._seen.get(out.request_id, (0, None))
-        if last is None: self.prompt_tokens.inc(len(out.prompt_token_ids))
-        new = len(out.token_ids) - n
-        if new > 0:
-            self.generation_tokens.inc(new)
-            if n == 0 and out.metrics.first_token_time is not None: self.ttft.observe(out.metrics.ttft)
-            elif last is not None and n > 0: self.itl.observe(now - last)
-        if out.finished:
-            if out.metrics is not None and out.metrics.kv_transfer_time is not None:
-                self.kv_seconds.observe(out.metrics.kv_transfer_time)       # a request whose KV came from a prefill worker
-            self._seen.pop(out.request_id, None)
-            self._success.labels(self.model_name, out.finish_reason or "unknown").inc()
-            if out.metrics.finish_time is not None: self.e2e.observe(out.metrics.e2e)
-            if out.tpot is not None: self.tpot.observe(out.tpot)
-        else: self._seen[out.request_id] = (len(out.token_ids), now if new > 0 else last)
+@patch
+def _observe_output(self: ServerMetrics, out, now: float):
+    n, last = self._seen.get(out.request_id, (0, None))
+    if last is None: self.prompt_tokens.inc(len(out.prompt_token_ids))
+    new = len(out.token_ids) - n
+    if new > 0:
+        self.generation_tokens.inc(new)
+        if n == 0 and out.metrics.first_token_time is not None: self.ttft.observe(out.metrics.ttft)
+        elif last is not None and n > 0: self.itl.observe(now - last)
+    if out.finished:
+        if out.metrics is not None and out.metrics.kv_transfer_time is not None:
+            # a request whose KV came from a prefill worker
+            self.kv_seconds.observe(out.metrics.kv_transfer_time)
+        self._seen.pop(out.request_id, None)
+        self._success.labels(self.model_name, out.finish_reason or "unknown").inc()
+        if out.metrics.finish_time is not None: self.e2e.observe(out.metrics.e2e)
+        if out.tpot is not None: self.tpot.observe(out.tpot)
+    else: self._seen[out.request_id] = (len(out.token_ids), now if new > 0 else last)
 
-    def finished(self, reason: str) -> float:
-        "How many requests finished with `reason` so far."
-        return next(s.value for s in self._success.labels(self.model_name, reason).collect()[0].samples
-                    if s.name.endswith("_total"))
+@patch
+def finished(self: ServerMetrics, reason: str) -> float:
+    "How many requests finished with `reason` so far."
+    return next(s.value for s in self._success.labels(self.model_name, reason).collect()[0].samples
+                if s.name.endswith("_total"))
 
-    def exposition(self) -> tuple[bytes, str]:
-        "The text `/metrics` serves, and its content type."
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+@patch
+def exposition(self: ServerMetrics) -> tuple[bytes, str]:
+    "The text `/metrics` serves, and its content type."
+    return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 # %% ../../nbs/52_metrics.ipynb #6e3ae820
 def histogram_quantile(q: float, hist) -> float:

@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/protocol.html.md"""
 
 # %% ../../nbs/51_protocol.ipynb #0a76ed5f
 from __future__ import annotations
-import json, time, uuid
+import json, uuid
 from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..model.sampling import SamplingParams, MAX_LOGPROBS
@@ -114,7 +114,8 @@ def parse_request(body: bytes, schema: type[BaseModel]) -> BaseModel:
     except ValidationError as e:
         err = e.errors()[0]
         param = _param(err["loc"])
-        raise OpenAIError(400, f"{param}: {err['msg']}" + (f" (got {err['input']!r:.60})" if err["type"] != "missing" else ""),
+        raise OpenAIError(400,
+                f"{param}: {err['msg']}" + (f" (got {err['input']!r:.60})" if err["type"] != "missing" else ""),
                           param) from None
     for f in ("presence_penalty", "frequency_penalty"):
         if getattr(req, f) != 0: raise OpenAIError(400, f"{f}: only 0 is supported (the engine has no penalties)", f)
@@ -140,7 +141,8 @@ def sampling_params(req, prompt_len: int, max_model_len: int, defaults: dict | N
         raise OpenAIError(400, f"{prompt_param}: {prompt_len} tokens; this model's maximum context length is "
                                f"{max_model_len} tokens (one position is needed to generate)", prompt_param)
     name, max_tokens = "max_tokens", req.max_tokens
-    if getattr(req, "max_completion_tokens", None) is not None: name, max_tokens = "max_completion_tokens", req.max_completion_tokens
+    if getattr(req, "max_completion_tokens",
+               None) is not None: name, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is None: max_tokens = 16 if isinstance(req, CompletionRequest) else max_model_len - prompt_len
     if prompt_len + max_tokens > max_model_len:
         raise OpenAIError(400, f"{name}: {max_tokens} requested with a {prompt_len}-token {prompt_param}; this model's "
@@ -148,7 +150,8 @@ def sampling_params(req, prompt_len: int, max_model_len: int, defaults: dict | N
     pick = lambda v, key, default: v if v is not None else d.get(key, default)
     top = req.logprobs if isinstance(req, CompletionRequest) else (req.top_logprobs or 0) if req.logprobs else None
     try:
-        return SamplingParams(temperature=pick(req.temperature, "temperature", 1.0), top_p=pick(req.top_p, "top_p", 1.0),
+        return SamplingParams(temperature=pick(req.temperature, "temperature", 1.0),
+                              top_p=pick(req.top_p, "top_p", 1.0),
                               top_k=pick(req.top_k, "top_k", -1), min_p=pick(req.min_p, "min_p", 0.0),
                               seed=None if req.seed is None else req.seed + choice, max_tokens=max_tokens,
                               stop=req.stop or [], stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
@@ -200,14 +203,16 @@ def chat_logprobs(tok, token_ids, logprobs, tops) -> dict:
 
 # %% ../../nbs/51_protocol.ipynb #e1952012
 def completion_response(rid, model, created, choices: list[dict], use: dict) -> dict:
-    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices, "usage": use}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "usage": use}
 
 def completion_chunk(rid, model, created, index, text, reason=None, logprobs=None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}], "usage": None}
 
 def chat_response(rid, model, created, choices: list[dict], use: dict) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": use}
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+            "usage": use}
 
 def chat_chunk(rid, model, created, index, delta: dict, reason=None, logprobs=None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,

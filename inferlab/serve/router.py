@@ -96,9 +96,12 @@ def start_workers(num_prefill: int, num_decode: int, worker_args: list[str] = ()
     deadline, pending, waiting = time.monotonic() + timeout_s, dict(workers), []
     try:
         while pending:
-            if time.monotonic() > deadline: raise RuntimeError(f"--disaggregation: {sorted(pending)} did not start in {timeout_s:.0f} s")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"--disaggregation: {sorted(pending)} did not start in {timeout_s:.0f} s")
             dead = [w for w in pending.values() if w.proc.poll() is not None]
-            if dead: raise RuntimeError(f"--disaggregation: {dead[0].name} exited with code {dead[0].proc.returncode} while starting")
+            if dead:
+                raise RuntimeError(f"--disaggregation: {dead[0].name} exited with code {dead[0].proc.returncode} while "
+                                   "starting")
             while conns: waiting.append(conns.pop())
             for conn in [c for c in waiting if c.poll(0)]:
                 hello = recv(conn); waiting.remove(conn)
@@ -153,7 +156,8 @@ def stop_workers(workers: list[Worker], listener):
 
 # %% ../../nbs/58_router.ipynb #ff9727c1
 @patch
-def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None = None, priority: int = 0, arrival_time=None) -> str:
+def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None = None, priority: int = 0,
+                arrival_time=None) -> str:
     params = as_params(params)
     ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     check_prompt(ids, self.model_config)
@@ -163,7 +167,8 @@ def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None 
     if rid in self.requests: raise ValueError(f"request_id: {rid!r} is already in flight")
     self._reap()
     hashes = prompt_hashes(ids, self.config.block_size)
-    def cached(w): return next((i for i, h in enumerate(hashes) if h not in w.hashes), len(hashes)) * self.config.block_size
+    def cached(w): return next((i for i, h in enumerate(hashes) if h not in w.hashes),
+                               len(hashes)) * self.config.block_size
     while True:
         decoders = self._live("decode")
         if not decoders: raise RuntimeError("disaggregation: no decode worker is alive")
@@ -185,12 +190,14 @@ def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None 
     self.requests[rid] = route
     return rid
 
+# %% ../../nbs/58_router.ipynb #d048240c
 @patch
 def abort(self: DisaggRouter, request_id: str) -> bool:
     r = self.requests.get(request_id)
     if r is None: return False
     if r.prefill is None: self._post(r.decode, dict(op="abort", rid=request_id))
-    if request_id in self.requests: self._finish(r, "abort")                                 # a late KV for it is dropped (lease reclaims it)
+    # a late KV for it is dropped (lease reclaims it)
+    if request_id in self.requests: self._finish(r, "abort")
     return True
 
 @patch
@@ -209,7 +216,8 @@ def _finish(self: DisaggRouter, r: Route, reason: str, err=None, text=None) -> R
 def _output(self: DisaggRouter, r: Route, finished: bool, reason, new_text: str, err=None, text=None) -> RequestOutput:
     m = RequestMetrics(r.arrival, r.first_token, time.perf_counter() if finished else None,
                        kv_transfer_time=r.kv_transfer_time)
-    return RequestOutput(r.rid, r.prompt if isinstance(r.prompt, str) else None, r.ids, r.text if text is None else text,
+    return RequestOutput(r.rid, r.prompt if isinstance(r.prompt, str) else None, r.ids,
+                         r.text if text is None else text,
                          list(r.tokens), finished, reason, new_text, metrics=m,
                          error=None if err is None else (err if isinstance(err, Exception) else RuntimeError(err)))
 
@@ -283,7 +291,8 @@ def _reroute(self: DisaggRouter, r: Route) -> bool:
     """A request whose decode worker died before its first token starts again on a survivor: the client has seen
     nothing, so it sees no error (one that has streamed tokens cannot be resumed elsewhere: it ends with one)."""
     for d in sorted(self._live("decode"), key=lambda w: (len(w.inflight), w.name)):
-        if r.prefill is None and not self._post(d, dict(op="add", rid=r.rid, prompt=r.ids, params=params_dict(r.params))):
+        if r.prefill is None and not self._post(d,
+                                                dict(op="add", rid=r.rid, prompt=r.ids, params=params_dict(r.params))):
             continue                                          # d died too: its own requests are handled by _lost(d)
         r.decode = d; d.inflight.add(r.rid); self.rerouted += 1   # a remote prefill in flight: its KV goes to d
         return True
@@ -307,7 +316,9 @@ def stats(self: DisaggRouter) -> dict:
                 free_blocks=sum(p["free"] for p in pools), num_blocks=sum(p["blocks"] for p in pools),
                 prefix_query_tokens=sum(p["query"] for p in ever), prefix_hit_tokens=sum(p["hits"] for p in ever),
                 num_in_flight_prefill=q["prefill"], num_in_flight_decode=q["decode"],
-                num_draft_tokens=sum(p.get("drafts", 0) for p in ever), num_accepted_tokens=sum(p.get("accepted", 0) for p in ever),
-                kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks, remote_prefills=self.remote_prefills,
+                num_draft_tokens=sum(p.get("drafts", 0) for p in ever), num_accepted_tokens=sum(p.get("accepted",
+                                                                                                      0) for p in ever),
+                kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks,
+                remote_prefills=self.remote_prefills,
                 local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted,
                 workers={w.name: w.alive for w in self.workers})

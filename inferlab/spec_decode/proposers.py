@@ -16,6 +16,7 @@ from ..engine.sequence import Sequence
 from ..engine.block_manager import BlockManager
 from ..engine.scheduler import ScheduledBatch
 from ..engine.model_runner import ModelRunner, pack_model
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Draft', 'Proposer', 'check_vocab', 'ngram_lookup', 'NgramProposer', 'suffix_array', 'TokenDatastore', 'RestProposer',
@@ -25,7 +26,8 @@ __all__ = ['Draft', 'Proposer', 'check_vocab', 'ngram_lookup', 'NgramProposer', 
 @dataclass
 class Draft:
     tokens: list[int]                     # the proposed continuation: at most k tokens, possibly none
-    probs: torch.Tensor | None = None     # [len(tokens), vocab] the distributions they were drawn from; None: point mass
+    # [len(tokens), vocab] the distributions they were drawn from; None: point mass
+    probs: torch.Tensor | None = None
 
 class Proposer:
     "Proposes draft tokens for running sequences; the engine verifies them (chapter 34)."
@@ -71,7 +73,8 @@ class NgramProposer(Proposer):
     method = "ngram"
     def __init__(self, prompt_lookup_min: int = 2, prompt_lookup_max: int = 4):
         for name, v in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
+            if not isinstance(v, int) or isinstance(v,
+                    bool) or v < 1: raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
         if prompt_lookup_max < prompt_lookup_min:
             raise ValueError(f"prompt_lookup_max: {prompt_lookup_max} is below prompt_lookup_min={prompt_lookup_min}")
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
@@ -87,7 +90,8 @@ def suffix_array(tokens, depth: int = 16) -> np.ndarray:
     n, rank, h = len(t), t.copy(), 1
     sa = np.argsort(rank, kind="stable")
     while h < depth and n > 1:
-        nxt = np.full(n, -1, np.int64); nxt[:n - h] = rank[h:]                # rank of the next h tokens; -1: past the end
+        # rank of the next h tokens; -1: past the end
+        nxt = np.full(n, -1, np.int64); nxt[:n - h] = rank[h:]
         key = rank * (n + 1) + (nxt + 1)
         sa = np.argsort(key, kind="stable")
         ks = key[sa]
@@ -119,31 +123,34 @@ class TokenDatastore:
             else: hi = m
         return first, lo
 
-    def longest_match(self, context: list[int], min_n: int, max_n: int) -> tuple[int, int, int]:
-        "(n, lo, hi) of the longest suffix of `context` found (n = 0: none); occurrence is monotone in n: binary search."
-        best, lo_n, hi_n = (0, 0, 0), min_n, min(max_n, self.depth, len(context))
-        while lo_n <= hi_n:
-            n = (lo_n + hi_n) // 2
-            a, b = self.match_range(list(context[-n:]))
-            if b > a: best, lo_n = (n, a, b), n + 1
-            else: hi_n = n - 1
-        return best
+# %% ../../nbs/32_proposers.ipynb #1129b108
+@patch
+def longest_match(self: TokenDatastore, context: list[int], min_n: int, max_n: int) -> tuple[int, int, int]:
+    """(n, lo, hi) of the longest suffix of `context` found (n = 0: none); occurrence is monotone in n: binary
+    search."""
+    best, lo_n, hi_n = (0, 0, 0), min_n, min(max_n, self.depth, len(context))
+    while lo_n <= hi_n:
+        n = (lo_n + hi_n) // 2
+        a, b = self.match_range(list(context[-n:]))
+        if b > a: best, lo_n = (n, a, b), n + 1
+        else: hi_n = n - 1
+    return best
 
-    def draft(self, context: list[int], k: int, min_n: int = 2, max_n: int = 16, min_occurrences: int = 2,
-              max_candidates: int = 32) -> list[int]:
-        n, a, b = self.longest_match(context, min_n, max_n)
-        if n == 0: return []
-        rows = np.linspace(a, b - 1, min(b - a, max_candidates)).astype(np.int64)
-        at, out = self.sa[rows].astype(np.int64) + n, []                          # where each occurrence continues
-        for _ in range(k):
-            at = at[at < len(self.tokens)]
-            if len(at) < min_occurrences: break                                   # too few witnesses to vote
-            nxt = self.tokens[at]
-            vals, counts = np.unique(nxt, return_counts=True)
-            tok = int(vals[counts.argmax()]); out.append(tok)
-            at = at[nxt == tok] + 1                                               # follow the occurrences that agree
-        return out
-
+@patch
+def draft(self: TokenDatastore, context: list[int], k: int, min_n: int = 2, max_n: int = 16, min_occurrences: int = 2,
+          max_candidates: int = 32) -> list[int]:
+    n, a, b = self.longest_match(context, min_n, max_n)
+    if n == 0: return []
+    rows = np.linspace(a, b - 1, min(b - a, max_candidates)).astype(np.int64)
+    at, out = self.sa[rows].astype(np.int64) + n, []                          # where each occurrence continues
+    for _ in range(k):
+        at = at[at < len(self.tokens)]
+        if len(at) < min_occurrences: break                                   # too few witnesses to vote
+        nxt = self.tokens[at]
+        vals, counts = np.unique(nxt, return_counts=True)
+        tok = int(vals[counts.argmax()]); out.append(tok)
+        at = at[nxt == tok] + 1                                               # follow the occurrences that agree
+    return out
 
 # %% ../../nbs/32_proposers.ipynb #5e3b7d21
 class RestProposer(Proposer):
@@ -158,7 +165,8 @@ class RestProposer(Proposer):
     def propose(self, seqs, num_tokens, hidden=None):
         drafts = self.own.propose(seqs, num_tokens)                              # the sequence's own text first
         for d, s, k in zip(drafts, seqs, num_tokens):
-            if not d.tokens:                    # the corpus votes, so a 2-token match is enough where 2+ occurrences agree
+            # the corpus votes, so a 2-token match is enough where 2+ occurrences agree
+            if not d.tokens:
                 d.tokens = self.store.draft(s.token_ids[-self.store.depth:], k, min_n=2, max_n=self.store.depth,
                                             min_occurrences=self.min_occurrences)
         return drafts
@@ -188,7 +196,8 @@ def draft_generator(seq: Sequence) -> torch.Generator | None:
     return torch.Generator().manual_seed((seq.params.seed * 6364136223846793005 + 1442695040888963407) % 2**64)
 
 class DraftModelProposer(Proposer):
-    "A small model of the target's vocabulary decodes k tokens ahead, on its own paged KV cache (one shadow per sequence)."
+    """A small model of the target's vocabulary decodes k tokens ahead, on its own paged KV cache (one shadow per
+    sequence)."""
     method = "draft_model"
     def __init__(self, model, num_blocks: int, block_size: int = 16):
         self.model = pack_model(model)
@@ -213,36 +222,41 @@ class DraftModelProposer(Proposer):
         if sh.num_uncomputed_tokens == 0: sh.num_computed_tokens -= 1   # the target did not move: rerun its last token
         return sh
 
-    def propose(self, seqs, num_tokens, hidden=None):
-        drafts = [Draft([]) for _ in seqs]
-        live = []                                        # (index, shadow, k)
-        for i, (seq, k) in enumerate(zip(seqs, num_tokens)):
-            sh = self._sync(seq)
-            if sh is None or not self.block_manager.can_append(sh, sh.num_uncomputed_tokens + k - 1): continue
-            self.block_manager.append_slots(sh, sh.num_uncomputed_tokens + k - 1)   # room for every pass below
-            live.append((i, sh, k))
-        probs = {i: [] for i, _, _ in live}
-        for step in range(max((k for _, _, k in live), default=0)):
-            live = [x for x in live if len(drafts[x[0]].tokens) < x[2]]
-            live.sort(key=lambda x: x[1].num_uncomputed_tokens == 1)          # catch-up (prefill) entries first
-            batch = ScheduledBatch([sh for _, sh, _ in live], [sh.num_uncomputed_tokens for _, sh, _ in live])
-            _, logits = self.runner.execute(batch)                            # [len(live), vocab]
-            for r, (i, sh, k) in enumerate(live):
-                sh.num_computed_tokens = sh.num_tokens
-                if sh.params.greedy: tok = int(logits[r].argmax())
-                else:
-                    q = probs_from_logits(logits[r], sh.params)
-                    tok = int(torch.multinomial(q.cpu(), 1, generator=sh.generator)); probs[i].append(q)
-                sh.token_ids.append(tok); drafts[i].tokens.append(tok)
-        for i, rows in probs.items():
-            if rows: drafts[i].probs = torch.stack(rows)                      # [k_i, vocab]
-        return drafts
+# %% ../../nbs/32_proposers.ipynb #606b8080
+@patch
+def propose(self: DraftModelProposer, seqs, num_tokens, hidden=None):
+    drafts = [Draft([]) for _ in seqs]
+    live = []                                        # (index, shadow, k)
+    for i, (seq, k) in enumerate(zip(seqs, num_tokens)):
+        sh = self._sync(seq)
+        if sh is None or not self.block_manager.can_append(sh, sh.num_uncomputed_tokens + k - 1): continue
+        self.block_manager.append_slots(sh, sh.num_uncomputed_tokens + k - 1)   # room for every pass below
+        live.append((i, sh, k))
+    probs = {i: [] for i, _, _ in live}
+    for step in range(max((k for _, _, k in live), default=0)):
+        live = [x for x in live if len(drafts[x[0]].tokens) < x[2]]
+        live.sort(key=lambda x: x[1].num_uncomputed_tokens == 1)          # catch-up (prefill) entries first
+        batch = ScheduledBatch([sh for _, sh, _ in live], [sh.num_uncomputed_tokens for _, sh, _ in live])
+        _, logits = self.runner.execute(batch)                            # [len(live), vocab]
+        for r, (i, sh, k) in enumerate(live):
+            sh.num_computed_tokens = sh.num_tokens
+            if sh.params.greedy: tok = int(logits[r].argmax())
+            else:
+                q = probs_from_logits(logits[r], sh.params)
+                tok = int(torch.multinomial(q.cpu(), 1, generator=sh.generator)); probs[i].append(q)
+            sh.token_ids.append(tok); drafts[i].tokens.append(tok)
+    for i, rows in probs.items():
+        if rows: drafts[i].probs = torch.stack(rows)                      # [k_i, vocab]
+    return drafts
 
-    def release(self, seq):
-        sh = self.shadows.pop(seq.seq_id, None)
-        if sh is not None: self.block_manager.free(sh)
+@patch
+def release(self: DraftModelProposer, seq):
+    sh = self.shadows.pop(seq.seq_id, None)
+    if sh is not None: self.block_manager.free(sh)
 
-    def check(self):
-        if self.shadows: raise RuntimeError(f"draft model: {len(self.shadows)} shadow sequence(s) left with no request")
-        bm = self.block_manager
-        if bm.num_free_blocks != bm.num_blocks: raise RuntimeError(f"draft model: {bm.num_blocks - bm.num_free_blocks} KV blocks leaked")
+@patch
+def check(self: DraftModelProposer):
+    if self.shadows: raise RuntimeError(f"draft model: {len(self.shadows)} shadow sequence(s) left with no request")
+    bm = self.block_manager
+    if bm.num_free_blocks != bm.num_blocks:
+        raise RuntimeError(f"draft model: {bm.num_blocks - bm.num_free_blocks} KV blocks leaked")

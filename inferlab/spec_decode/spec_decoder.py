@@ -14,8 +14,7 @@ from fastcore.basics import patch
 from ..model.config import load_config, resolve_model_path, data_dir
 from ..model.model import load_model
 from ..engine.sequence import Sequence
-from ..engine.llm_engine import LLMEngine, EngineConfig
-from ..engine.interface import RequestOutput
+from ..engine.llm_engine import LLMEngine
 from .rejection import verify_batch
 from .proposers import (Proposer, NgramProposer, DraftModelProposer, RestProposer, check_vocab,
                                             load_datastore)
@@ -40,7 +39,8 @@ class SpeculativeConfig:
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
-            hint = " (EAGLE is not built here; the learned head is 'medusa', chapter 33)" if self.method == "eagle" else ""
+            hint = (" (EAGLE is not built here; the learned head is 'medusa', chapter 33)" if self.method == "eagle"
+                    else "")
             raise ValueError(f"method: {self.method!r} is not supported; valid: {', '.join(SPEC_METHODS)}{hint}")
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -48,7 +48,8 @@ class SpeculativeConfig:
         n = self.disable_by_batch_size
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 2):
             raise ValueError(f"disable_by_batch_size: must be an integer >= 2 or None, got {n!r}")
-        if self.method in ("ngram", "rest"): NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)   # checks the bounds
+        # checks the bounds
+        if self.method in ("ngram", "rest"): NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)
         if self.datastore is not None and self.method != "rest":
             raise ValueError(f"datastore: only the 'rest' method reads a datastore, not {self.method!r}")
 
@@ -164,7 +165,8 @@ def _verify(self: SpecDecoder, logits: torch.Tensor, groups) -> list:
     for g in groups:
         seq, r0, n = g
         if not all(finite[r0:r0 + n]):
-            out.append(ValueError("logits: the model produced non-finite values (NaN or inf) for this request")); continue
+            out.append(ValueError("logits: the model produced non-finite values (NaN or inf) for this request"))
+            continue
         try: out.append(verify_batch(logits[r0:r0 + n], *args(g))[0])
         except Exception as e: out.append(e)
     return out
@@ -206,9 +208,11 @@ def make_proposer(spec: SpeculativeConfig, engine: LLMEngine, source: str | Path
     if spec.method == "rest":
         path = spec.datastore or default_datastore(source)
         if path is None:
-            raise ValueError("datastore: give speculative_config['datastore'], a text file of the kind of text expected "
+            raise ValueError("datastore: give speculative_config['datastore'], a text file of the kind of text "
+                             "expected "
                              "(only the shipped models have a default, the corpus they were trained on)")
-        if engine.tokenizer is None: raise ValueError("datastore: the engine has no tokenizer to read a text datastore with")
+        if engine.tokenizer is None:
+            raise ValueError("datastore: the engine has no tokenizer to read a text datastore with")
         return RestProposer(load_datastore(path, engine.tokenizer), spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "draft_model":
         path = resolve_model_path(spec.model or "tiny-draft")
@@ -219,11 +223,13 @@ def make_proposer(spec: SpeculativeConfig, engine: LLMEngine, source: str | Path
         return DraftModelProposer(draft, bm.num_blocks + extra, bm.block_size)
     path = spec.model or (default_medusa_path(source) if source else None)
     if path is None:
-        raise ValueError("model: no Medusa heads beside the target; give speculative_config['model'] (chapter 33 trains them)")
+        raise ValueError("model: no Medusa heads beside the target; give speculative_config['model'] (chapter 33 "
+                         "trains them)")
     return MedusaProposer(load_medusa(path, target))
 
 def add_speculation(engine: LLMEngine, speculative_config, source: str | Path | None = None) -> LLMEngine:
-    "Give `engine` a `SpecDecoder` for `speculative_config` (vLLM's keys); `source` defaults to the engine's checkpoint."
+    """Give `engine` a `SpecDecoder` for `speculative_config` (vLLM's keys); `source` defaults to the engine's
+    checkpoint."""
     spec = SpeculativeConfig.from_dict(speculative_config)
     engine.speculator = SpecDecoder(spec, make_proposer(spec, engine, source or engine.model_name))
     return engine
