@@ -10,6 +10,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 import numpy as np
+from fastcore.basics import patch
 from .sequence import Sequence
 
 # %% auto #0
@@ -51,101 +52,11 @@ class BlockManager:
         "Fraction of blocks referenced by some sequence."
         return 1 - self.num_free_blocks / self.num_blocks
 
-    # -- prefix cache --------------------------------------------------------------------------------------------
-    def prefix_hits(self, seq: Sequence) -> list[int]:
-        "Block ids holding the longest cached prefix of `seq` (full blocks; never the last token: it must be run)."
-        if not self.enable_prefix_caching: return []
-        hits, parent, bs = [], None, self.block_size
-        for i in range((seq.num_tokens - 1) // bs):
-            toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            parent = block_hash(parent, toks)
-            bid = self.cached.get(parent)
-            if bid is None or self.blocks[bid].token_ids != toks: break
-            hits.append(bid)
-        return hits
+    def slot(self, seq: Sequence, pos: int) -> int:
+        "The flat cache slot of token `pos` of `seq`."
+        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    # -- checks --------------------------------------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence, hits: list[int] | None = None) -> bool:
-        "`hits`: `prefix_hits(seq)` if the caller already has it (hashing a long prompt once is enough)."
-        hits = self.prefix_hits(seq) if hits is None else hits
-        revived = sum(self.blocks[b].ref_count == 0 for b in hits)      # hits waiting in the free queue
-        return self.blocks_needed(seq.num_tokens) - len(hits) <= self.num_free_blocks - revived
-
-    def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
-        return self._new_blocks_for(seq, num_new_tokens) <= self.num_free_blocks
-
-    def _new_blocks_for(self, seq: Sequence, n: int) -> int:
-        return max(0, self.blocks_needed(seq.num_computed_tokens + n) - len(seq.block_table))
-
-    # -- actions -------------------------------------------------------------------------------------------------
-    def allocate(self, seq: Sequence, hits: list[int] | None = None):
-        "Give a waiting sequence blocks for all its tokens, reusing cached prefix blocks; sets its computed count."
-        if seq.block_table: raise RuntimeError(f"allocate: {seq!r} already holds blocks")
-        hits = self.prefix_hits(seq) if hits is None else hits
-        if not self.can_allocate(seq, hits): raise RuntimeError(f"allocate: not enough free blocks for {seq!r}")
-        for b in hits: self._take(b)
-        seq.block_table = hits + [self._take_free() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
-        seq.block_hashes = [self.blocks[b].hash for b in hits]
-        seq.num_computed_tokens = len(hits) * self.block_size
-        if seq.num_preemptions == 0:   # count each prompt once, not again on resume after preemption
-            seq.num_cached_tokens = seq.num_computed_tokens
-            if self.enable_prefix_caching:
-                self.query_tokens += seq.num_prompt_tokens; self.hit_tokens += seq.num_computed_tokens
-
-    def append_slots(self, seq: Sequence, num_new_tokens: int = 1):
-        "Make room for `num_new_tokens` more computed tokens of a running sequence."
-        n = self._new_blocks_for(seq, num_new_tokens)
-        if n > self.num_free_blocks: raise RuntimeError(f"append_slots: not enough free blocks for {seq!r}")
-        seq.block_table += [self._take_free() for _ in range(n)]
-
-    def free(self, seq: Sequence):
-        "Drop a sequence's references; its hashed blocks stay reusable until evicted."
-        for b in reversed(seq.block_table):   # the tail first, so a shared prefix is evicted last
-            blk = self.blocks[b]
-            blk.ref_count -= 1
-            if blk.ref_count == 0:
-                self.free_queue[b] = None
-                if blk.hash is None: self.free_queue.move_to_end(b, last=False)   # worthless to the cache: reuse first
-        seq.block_table, seq.block_hashes = [], []
-
-    def truncate(self, seq: Sequence, num_tokens: int):
-        """Keep the first `num_tokens` tokens of a running sequence and give back the slots after them (speculation's
-        rejected drafts): blocks past the new end return to the pool, the sequence keeps running. A kept block that
-        was registered in the prefix cache loses its registration (its tail will be overwritten); one shared with
-        another sequence cannot be rewritten and is refused."""
-        if not 0 < num_tokens <= seq.num_tokens:
-            raise ValueError(f"truncate: num_tokens must be in [1, {seq.num_tokens}], got {num_tokens}")
-        keep, full = self.blocks_needed(num_tokens), num_tokens // self.block_size
-        if num_tokens % self.block_size and keep <= len(seq.block_table):
-            tail = self.blocks[seq.block_table[keep - 1]]
-            if tail.ref_count > 1: raise RuntimeError(f"truncate: block {tail.block_id} of {seq!r} is shared")
-            if tail.hash is not None: self._forget(tail)
-        for b in reversed(seq.block_table[keep:]):
-            blk = self.blocks[b]; blk.ref_count -= 1
-            if blk.ref_count == 0:
-                self.free_queue[b] = None
-                if blk.hash is None: self.free_queue.move_to_end(b, last=False)
-        del seq.block_table[keep:], seq.block_hashes[full:], seq.token_ids[num_tokens:]
-        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
-
-    def cache_computed_blocks(self, seq: Sequence):
-        "Register the hashes of the sequence's full blocks whose K/V are now computed."
-        if not self.enable_prefix_caching: return
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, toks)
-            seq.block_hashes.append(h)
-            blk = self.blocks[seq.block_table[i]]
-            if h not in self.cached and blk.hash is None:   # a duplicate computed twice stays private
-                blk.hash, blk.token_ids = h, toks
-                self.cached[h] = blk.block_id
-
-    def reset_prefix_cache(self):
-        for blk in self.blocks:
-            if blk.ref_count == 0 and blk.hash is not None: self._forget(blk)
-
-    # -- internals -----------------------------------------------------------------------------------------------
+    # -- internals: take a block (from the free queue or not), forget a hash ---------------------------------------
     def _take(self, b: int):
         if self.blocks[b].ref_count == 0: del self.free_queue[b]
         self.blocks[b].ref_count += 1
@@ -161,6 +72,106 @@ class BlockManager:
         if self.cached.get(blk.hash) == blk.block_id: del self.cached[blk.hash]
         blk.hash, blk.token_ids = None, ()
 
-    def slot(self, seq: Sequence, pos: int) -> int:
-        "The flat cache slot of token `pos` of `seq`."
-        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+# %% ../../nbs/12_block_manager.ipynb #c4d730c6
+@patch
+def prefix_hits(self: BlockManager, seq: Sequence) -> list[int]:
+    "Block ids holding the longest cached prefix of `seq` (full blocks; never the last token: it must be run)."
+    if not self.enable_prefix_caching: return []
+    hits, parent, bs = [], None, self.block_size
+    for i in range((seq.num_tokens - 1) // bs):
+        toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+        parent = block_hash(parent, toks)
+        bid = self.cached.get(parent)
+        if bid is None or self.blocks[bid].token_ids != toks: break
+        hits.append(bid)
+    return hits
+
+@patch
+def can_allocate(self: BlockManager, seq: Sequence, hits: list[int] | None = None) -> bool:
+    "`hits`: `prefix_hits(seq)` if the caller already has it (hashing a long prompt once is enough)."
+    hits = self.prefix_hits(seq) if hits is None else hits
+    revived = sum(self.blocks[b].ref_count == 0 for b in hits)      # hits waiting in the free queue
+    return self.blocks_needed(seq.num_tokens) - len(hits) <= self.num_free_blocks - revived
+
+@patch
+def can_append(self: BlockManager, seq: Sequence, num_new_tokens: int = 1) -> bool:
+    return self._new_blocks_for(seq, num_new_tokens) <= self.num_free_blocks
+
+@patch
+def _new_blocks_for(self: BlockManager, seq: Sequence, n: int) -> int:
+    return max(0, self.blocks_needed(seq.num_computed_tokens + n) - len(seq.block_table))
+
+# %% ../../nbs/12_block_manager.ipynb #7b44c644
+@patch
+def allocate(self: BlockManager, seq: Sequence, hits: list[int] | None = None):
+    "Give a waiting sequence blocks for all its tokens, reusing cached prefix blocks; sets its computed count."
+    if seq.block_table: raise RuntimeError(f"allocate: {seq!r} already holds blocks")
+    hits = self.prefix_hits(seq) if hits is None else hits
+    if not self.can_allocate(seq, hits): raise RuntimeError(f"allocate: not enough free blocks for {seq!r}")
+    for b in hits: self._take(b)
+    seq.block_table = hits + [self._take_free() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
+    seq.block_hashes = [self.blocks[b].hash for b in hits]
+    seq.num_computed_tokens = len(hits) * self.block_size
+    if seq.num_preemptions == 0:   # count each prompt once, not again on resume after preemption
+        seq.num_cached_tokens = seq.num_computed_tokens
+        if self.enable_prefix_caching:
+            self.query_tokens += seq.num_prompt_tokens; self.hit_tokens += seq.num_computed_tokens
+
+@patch
+def append_slots(self: BlockManager, seq: Sequence, num_new_tokens: int = 1):
+    "Make room for `num_new_tokens` more computed tokens of a running sequence."
+    n = self._new_blocks_for(seq, num_new_tokens)
+    if n > self.num_free_blocks: raise RuntimeError(f"append_slots: not enough free blocks for {seq!r}")
+    seq.block_table += [self._take_free() for _ in range(n)]
+
+@patch
+def free(self: BlockManager, seq: Sequence):
+    "Drop a sequence's references; its hashed blocks stay reusable until evicted."
+    for b in reversed(seq.block_table):   # the tail first, so a shared prefix is evicted last
+        blk = self.blocks[b]
+        blk.ref_count -= 1
+        if blk.ref_count == 0:
+            self.free_queue[b] = None
+            if blk.hash is None: self.free_queue.move_to_end(b, last=False)   # worthless to the cache: reuse first
+    seq.block_table, seq.block_hashes = [], []
+
+@patch
+def cache_computed_blocks(self: BlockManager, seq: Sequence):
+    "Register the hashes of the sequence's full blocks whose K/V are now computed."
+    if not self.enable_prefix_caching: return
+    bs = self.block_size
+    for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+        toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+        h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, toks)
+        seq.block_hashes.append(h)
+        blk = self.blocks[seq.block_table[i]]
+        if h not in self.cached and blk.hash is None:   # a duplicate computed twice stays private
+            blk.hash, blk.token_ids = h, toks
+            self.cached[h] = blk.block_id
+
+@patch
+def reset_prefix_cache(self: BlockManager):
+    for blk in self.blocks:
+        if blk.ref_count == 0 and blk.hash is not None: self._forget(blk)
+
+# %% ../../nbs/12_block_manager.ipynb #74bb6c3b
+@patch
+def truncate(self: BlockManager, seq: Sequence, num_tokens: int):
+    """Keep the first `num_tokens` tokens of a running sequence and give back the slots after them (speculation's
+    rejected drafts): blocks past the new end return to the pool, the sequence keeps running. A kept block that
+    was registered in the prefix cache loses its registration (its tail will be overwritten); one shared with
+    another sequence cannot be rewritten and is refused."""
+    if not 0 < num_tokens <= seq.num_tokens:
+        raise ValueError(f"truncate: num_tokens must be in [1, {seq.num_tokens}], got {num_tokens}")
+    keep, full = self.blocks_needed(num_tokens), num_tokens // self.block_size
+    if num_tokens % self.block_size and keep <= len(seq.block_table):
+        tail = self.blocks[seq.block_table[keep - 1]]
+        if tail.ref_count > 1: raise RuntimeError(f"truncate: block {tail.block_id} of {seq!r} is shared")
+        if tail.hash is not None: self._forget(tail)
+    for b in reversed(seq.block_table[keep:]):
+        blk = self.blocks[b]; blk.ref_count -= 1
+        if blk.ref_count == 0:
+            self.free_queue[b] = None
+            if blk.hash is None: self.free_queue.move_to_end(b, last=False)
+    del seq.block_table[keep:], seq.block_hashes[full:], seq.token_ids[num_tokens:]
+    seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)

@@ -11,6 +11,7 @@ import math
 import os
 import time
 import torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['cgroup_cpu_limit', 'CpuThreads']
@@ -40,6 +41,7 @@ def cgroup_cpu_limit() -> int | None:
         return max(1, math.ceil(int(quota) / int(period)))
     return None
 
+# %% ../../nbs/15a_cpu_threads.ipynb #4101408a
 class CpuThreads:
     """The one owner of the CPU thread pools a step uses: torch's intra-op threads and NumPy's BLAS threads
     (through `threadpoolctl`). `budget` is the cores this process may use (affinity) minus those other processes
@@ -67,13 +69,6 @@ class CpuThreads:
         self.budget = max(1, min(self.max_threads, int(len(self.cpus) - self.others + 0.5)))
         return self.budget
 
-    def _set(self, want: tuple):
-        if want == self.current: return
-        if self.current is None or want[0] != self.current[0]: torch.set_num_threads(want[0])
-        if self.current is None or want[1] != self.current[1]:
-            for lib in self.blas.lib_controllers: lib.set_num_threads(want[1])
-        self.current = want
-
     @contextlib.contextmanager
     def step(self, decode: bool):
         """Size the pools for one step — decode-sized steps run BLAS on the budget, others torch — and, when it ends,
@@ -86,9 +81,19 @@ class CpuThreads:
             if before is None: self.restore()
             else: self._set(before)
 
-    def restore(self):
-        "Give the process back the thread counts it had when this owner was made."
-        if self.current is None: return
-        torch.set_num_threads(self.saved[0])
-        for lib, n in zip(self.blas.lib_controllers, self.saved[1]): lib.set_num_threads(n)
-        self.current = None
+# %% ../../nbs/15a_cpu_threads.ipynb #35ae6d9a
+@patch
+def _set(self: CpuThreads, want: tuple):
+    if want == self.current: return
+    if self.current is None or want[0] != self.current[0]: torch.set_num_threads(want[0])
+    if self.current is None or want[1] != self.current[1]:
+        for lib in self.blas.lib_controllers: lib.set_num_threads(want[1])
+    self.current = want
+
+@patch
+def restore(self: CpuThreads):
+    "Give the process back the thread counts it had when this owner was made."
+    if self.current is None: return
+    torch.set_num_threads(self.saved[0])
+    for lib, n in zip(self.blas.lib_controllers, self.saved[1]): lib.set_num_threads(n)
+    self.current = None

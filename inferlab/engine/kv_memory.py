@@ -54,7 +54,7 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype) -> int:
 
 # %% ../../nbs/10_kv_memory.ipynb #1d9f67c8
 def kv_budget_bytes(total_bytes, weight_bytes, utilization: float = 0.9, activation_bytes=0) -> int:
-    "What is left for the KV cache: `utilization * total - weights - activations`; ValueError naming the field when none."
+    "What is left for the KV cache: `utilization * total - weights - activations`; a ValueError if nothing is."
     total, weights = _budget(total_bytes, "total_bytes"), _budget(weight_bytes, "weight_bytes")
     acts = _budget(activation_bytes, "activation_bytes")
     if not 0 < utilization <= 1: raise ValueError(f"utilization: must be in (0, 1], got {utilization!r}")
@@ -74,7 +74,8 @@ def num_kv_blocks(cfg: ModelConfig, budget_bytes, block_size: int, dtype) -> int
     budget, block = _budget(budget_bytes), kv_block_bytes(cfg, block_size, dtype)
     if budget < block:
         raise ValueError(f"budget_bytes: {budget:,} bytes hold no KV block ({block_size} tokens x "
-                         f"{kv_bytes_per_token(cfg, dtype):,} bytes = {block:,} bytes); raise the budget or shrink block_size")
+                         f"{kv_bytes_per_token(cfg, dtype):,} bytes = {block:,} bytes); "
+                         "raise the budget or shrink block_size")
     return budget // block
 
 def _cdiv(a: int, b: int) -> int: return -(-a // b)
@@ -98,7 +99,8 @@ def available_memory(device="cpu") -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 # %% ../../nbs/10_kv_memory.ipynb #79c2e903
-def sample_lengths(n: int, median: float = 512, sigma: float = 1.0, max_len: int | None = None, seed: int = 0) -> np.ndarray:
+def sample_lengths(n: int, median: float = 512, sigma: float = 1.0, max_len: int | None = None,
+                   seed: int = 0) -> np.ndarray:
     "`n` lognormal sequence lengths (whole tokens >= 1, capped at `max_len`): a stand-in for a chat workload."
     n = _positive_int("n", n)
     if not median > 0: raise ValueError(f"median: must be > 0, got {median!r}")
@@ -134,7 +136,8 @@ def expected_contiguous_waste(max_len: int, dist: str = "lognormal", median: flo
     m = _positive_int("max_len", max_len)
     if dist == "uniform": return (m - 1) / (2 * m)
     if dist != "lognormal": raise ValueError(f"dist: {dist!r} is not one of lognormal, uniform")
-    if not median > 0 or not sigma > 0: raise ValueError(f"sigma: median and sigma must be > 0, got {median!r}, {sigma!r}")
+    if not median > 0 or not sigma > 0:
+        raise ValueError(f"sigma: median and sigma must be > 0, got {median!r}, {sigma!r}")
     mu, z = math.log(median), (math.log(m) - math.log(median)) / sigma
     # E[min(L, m)] = E[L; L < m] + m P(L >= m), with E[L; L < m] = exp(mu + s^2/2) Phi(z - s)
     mean_capped = math.exp(mu + sigma ** 2 / 2) * _normal_cdf(z - sigma) + m * (1 - _normal_cdf(z))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect, time
 from collections import deque
 from dataclasses import dataclass, field
+from fastcore.basics import patch
 from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 
@@ -44,18 +45,23 @@ class ScheduledBatch:
 
     def __post_init__(self):
         if not self.num_sampled:   # the default: sample once where a step reaches the end of a sequence's tokens
-            self.num_sampled = [int(s.num_computed_tokens + n == s.num_tokens) for s, n in zip(self.seqs, self.num_new_tokens)]
-        if len(self.num_sampled) != len(self.seqs) or any(not 0 <= k <= n for k, n in zip(self.num_sampled, self.num_new_tokens)):
-            raise ValueError(f"num_sampled: one count per sequence, each in [0, num_new_tokens], got {self.num_sampled}")
+            self.num_sampled = [int(s.num_computed_tokens + n == s.num_tokens)
+                                for s, n in zip(self.seqs, self.num_new_tokens)]
+        if (len(self.num_sampled) != len(self.seqs)
+                or any(not 0 <= k <= n for k, n in zip(self.num_sampled, self.num_new_tokens))):
+            raise ValueError(f"num_sampled: one count per sequence, each in [0, num_new_tokens], "
+                             f"got {self.num_sampled}")
 
     @property
     def num_tokens(self) -> int: return sum(self.num_new_tokens)
     @property
     def num_prefills(self) -> int: return sum(k != n for n, k in zip(self.num_new_tokens, self.num_sampled))
     @property
-    def num_prefill_tokens(self) -> int: return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k != n)
+    def num_prefill_tokens(self) -> int:
+        return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k != n)
     @property
-    def num_decode_tokens(self) -> int: return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k == n)
+    def num_decode_tokens(self) -> int:
+        return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k == n)
     @property
     def is_empty(self) -> bool: return not self.seqs
 
@@ -77,75 +83,6 @@ class Scheduler:
 
     def has_unfinished(self) -> bool: return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
-        cfg, bm = self.config, self.block_manager
-        budget, picked, preempted = cfg.max_num_batched_tokens, {}, []
-        # 1. running sequences (decodes, verifications of drafts, unfinished prefill chunks), oldest first
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = self._fit_drafts(seq, budget)
-            while not bm.can_append(seq, n):
-                victim = self.running.pop()                       # the most recent (lowest priority) sequence
-                self._preempt(victim); preempted.append(victim)
-                if victim is seq: break
-            else:
-                bm.append_slots(seq, n); picked[seq] = n; budget -= n; i += 1
-                continue
-            break
-        # 2. waiting sequences, unless this step had to preempt (memory is tight: admit nothing new)
-        while self.waiting and not preempted and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            seq = self.waiting[0]
-            hits = bm.prefix_hits(seq)                            # hashed once, used by the check and the action
-            if not bm.can_allocate(seq, hits): break
-            if not cfg.enable_chunked_prefill and seq.num_tokens - len(hits) * bm.block_size > budget:
-                break                                             # the whole prompt must fit this step
-            self.waiting.popleft()
-            bm.allocate(seq, hits)
-            seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None: seq.first_scheduled_time = time.perf_counter()
-            if cfg.policy == "priority": self._insort(self.running, seq)
-            else: self.running.append(seq)
-            n = min(seq.num_uncomputed_tokens, budget)
-            picked[seq] = n; budget -= n
-        sampled = {s: len(s.draft_token_ids) + 1 if s.draft_token_ids else
-                   int(s.num_computed_tokens + n == s.num_tokens) for s, n in picked.items()}
-        order = sorted(picked, key=lambda s: sampled[s] == picked[s])   # prefill chunks first, then decode rows (stable)
-        return ScheduledBatch(order, [picked[s] for s in order], preempted, [sampled[s] for s in order])
-
-    def _fit_drafts(self, seq: Sequence, budget: int) -> int:
-        """Tokens `seq` computes this step: its uncomputed tokens and its drafts, within `budget`. Drafts are a bet, never
-        a claim: those past the budget, or past the free blocks, are dropped before anyone is preempted for them."""
-        want = seq.num_uncomputed_tokens + len(seq.draft_token_ids)
-        if seq.draft_token_ids and (want > budget or not self.block_manager.can_append(seq, want)):
-            keep = max(0, min(budget, want) - seq.num_uncomputed_tokens)
-            while keep and not self.block_manager.can_append(seq, seq.num_uncomputed_tokens + keep): keep -= 1
-            del seq.draft_token_ids[keep:]
-        return min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
-
-    def update(self, batch: ScheduledBatch):
-        """After the model ran `batch`: advance computed counts over the real tokens it computed and cache the blocks
-        that became full. A verification's drafts are not counted here: `accept` does, once they are tokens."""
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n - len(seq.draft_token_ids)
-            self.block_manager.cache_computed_blocks(seq)
-
-    def accept(self, seq: Sequence, num_accepted: int):
-        """Speculation: the first `num_accepted` drafts of `seq` became tokens (the engine appended them): their K/V
-        count as computed, the rejected drafts' slots go back to the pool (to be overwritten), full blocks are cached."""
-        if seq.is_finished: return                             # it stopped in this step: its blocks are free already
-        seq.num_computed_tokens += num_accepted
-        seq.draft_token_ids = []
-        self.block_manager.truncate(seq, seq.num_tokens)
-        self.block_manager.cache_computed_blocks(seq)
-
-    def finish(self, seq: Sequence, reason: str):
-        "End a sequence (stop, length, abort, error): free its blocks, drop it from the queues."
-        if seq.status == SequenceStatus.RUNNING: self.running.remove(seq)
-        elif seq.status == SequenceStatus.WAITING and seq in self.waiting: self.waiting.remove(seq)
-        self.block_manager.free(seq)
-        seq.status, seq.finish_reason, seq.finish_time = SequenceStatus.FINISHED, reason, time.perf_counter()
-
     def _preempt(self, seq: Sequence):
         self.block_manager.free(seq)
         seq.draft_token_ids = []                                  # drafts are proposed again when it runs
@@ -159,13 +96,80 @@ class Scheduler:
         keys = [_priority_key(s) for s in queue]
         queue.insert(bisect.bisect(keys, _priority_key(seq)), seq)
 
+# %% ../../nbs/14_scheduler.ipynb #778d73ec
+@patch
+def schedule(self: Scheduler) -> ScheduledBatch:
+    cfg, bm = self.config, self.block_manager
+    budget, picked, preempted = cfg.max_num_batched_tokens, {}, []
+    # 1. running sequences (decodes, verifications of drafts, unfinished prefill chunks), oldest first
+    i = 0
+    while i < len(self.running) and budget > 0:
+        seq = self.running[i]
+        n = self._fit_drafts(seq, budget)
+        while not bm.can_append(seq, n):
+            victim = self.running.pop()                       # the most recent (lowest priority) sequence
+            self._preempt(victim); preempted.append(victim)
+            if victim is seq: break
+        else:
+            bm.append_slots(seq, n); picked[seq] = n; budget -= n; i += 1
+            continue
+        break
+    # 2. waiting sequences, unless this step had to preempt (memory is tight: admit nothing new)
+    while self.waiting and not preempted and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        seq = self.waiting[0]
+        hits = bm.prefix_hits(seq)                            # hashed once, used by the check and the action
+        if not bm.can_allocate(seq, hits): break
+        if not cfg.enable_chunked_prefill and seq.num_tokens - len(hits) * bm.block_size > budget:
+            break                                             # the whole prompt must fit this step
+        self.waiting.popleft()
+        bm.allocate(seq, hits)
+        seq.status = SequenceStatus.RUNNING
+        if seq.first_scheduled_time is None: seq.first_scheduled_time = time.perf_counter()
+        if cfg.policy == "priority": self._insort(self.running, seq)
+        else: self.running.append(seq)
+        n = min(seq.num_uncomputed_tokens, budget)
+        picked[seq] = n; budget -= n
+    sampled = {s: len(s.draft_token_ids) + 1 if s.draft_token_ids else
+               int(s.num_computed_tokens + n == s.num_tokens) for s, n in picked.items()}
+    order = sorted(picked, key=lambda s: sampled[s] == picked[s])   # prefill chunks first, then decode rows (stable)
+    return ScheduledBatch(order, [picked[s] for s in order], preempted, [sampled[s] for s in order])
+
+@patch
+def _fit_drafts(self: Scheduler, seq: Sequence, budget: int) -> int:
+    """Tokens `seq` computes this step: its uncomputed tokens and its drafts, within `budget`. Drafts are a bet, never
+    a claim: those past the budget, or past the free blocks, are dropped before anyone is preempted for them."""
+    want = seq.num_uncomputed_tokens + len(seq.draft_token_ids)
+    if seq.draft_token_ids and (want > budget or not self.block_manager.can_append(seq, want)):
+        keep = max(0, min(budget, want) - seq.num_uncomputed_tokens)
+        while keep and not self.block_manager.can_append(seq, seq.num_uncomputed_tokens + keep): keep -= 1
+        del seq.draft_token_ids[keep:]
+    return min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
+
+# %% ../../nbs/14_scheduler.ipynb #19154ce2
+@patch
+def update(self: Scheduler, batch: ScheduledBatch):
+    """After the model ran `batch`: advance computed counts over the real tokens it computed and cache the blocks
+    that became full. A verification's drafts are not counted here: `accept` does, once they are tokens."""
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        seq.num_computed_tokens += n - len(seq.draft_token_ids)
+        self.block_manager.cache_computed_blocks(seq)
+
+@patch
+def finish(self: Scheduler, seq: Sequence, reason: str):
+    "End a sequence (stop, length, abort, error): free its blocks, drop it from the queues."
+    if seq.status == SequenceStatus.RUNNING: self.running.remove(seq)
+    elif seq.status == SequenceStatus.WAITING and seq in self.waiting: self.waiting.remove(seq)
+    self.block_manager.free(seq)
+    seq.status, seq.finish_reason, seq.finish_time = SequenceStatus.FINISHED, reason, time.perf_counter()
+
 # %% ../../nbs/14_scheduler.ipynb #b86e247c
 def dry_run(prompt_lens: list[int], output_lens: list[int], num_blocks: int, block_size: int = 16,
              config: SchedulerConfig | None = None, enable_prefix_caching: bool = False, prompts=None) -> list[dict]:
     "Drive a `Scheduler` with a fake model; one record per step (tokens, queues, block tables, preemptions)."
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
     sch = Scheduler(config or SchedulerConfig(), bm)
-    seqs = [Sequence(prompts[i] if prompts else [1 + i % 7] * p, request_id=str(i)) for i, p in enumerate(prompt_lens)]
+    seqs = [Sequence(prompts[i] if prompts else [1 + i % 7] * p, request_id=str(i))
+            for i, p in enumerate(prompt_lens)]
     for s in seqs: sch.add(s)
     log, free0 = [], bm.num_free_blocks
     while sch.has_unfinished():
@@ -182,3 +186,14 @@ def dry_run(prompt_lens: list[int], output_lens: list[int], num_blocks: int, blo
                         tables={s.request_id: list(s.block_table) for s in sch.running}))
     assert bm.num_free_blocks == free0, "a KV block leaked"
     return log
+
+# %% ../../nbs/14_scheduler.ipynb #bf1f3448
+@patch
+def accept(self: Scheduler, seq: Sequence, num_accepted: int):
+    """Speculation: the first `num_accepted` drafts of `seq` became tokens (the engine appended them): their K/V
+    count as computed, the rejected drafts' slots go back to the pool (to be overwritten), full blocks are cached."""
+    if seq.is_finished: return                             # it stopped in this step: its blocks are free already
+    seq.num_computed_tokens += num_accepted
+    seq.draft_token_ids = []
+    self.block_manager.truncate(seq, seq.num_tokens)
+    self.block_manager.cache_computed_blocks(seq)

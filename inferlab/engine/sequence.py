@@ -32,7 +32,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
-        self.block_hashes: list[bytes] = []            # hashes of the leading full blocks registered in the prefix cache
+        self.block_hashes: list[bytes] = []            # hashes of the leading full blocks in the prefix cache
         self.num_computed_tokens = 0                   # tokens whose K/V are in the cache
         self.draft_token_ids: list[int] = []           # proposed continuation the next step verifies (chapter 34)
         self.num_cached_tokens = 0                     # prompt tokens the prefix cache served at the first admission

@@ -6,10 +6,11 @@ Docs: https://inferlab.github.io/inferlab/config.html.md"""
 
 # %% ../../nbs/00_config.ipynb #090267c7
 from __future__ import annotations
-import json, math
-from dataclasses import dataclass, field, asdict
+import json
+from dataclasses import dataclass
 from pathlib import Path
 import torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'DTYPES', 'SHIPPED_MODELS', 'ModelConfig', 'check_hf_types', 'config_from_hf',
@@ -51,39 +52,7 @@ class ModelConfig:
     eos_token_id: int | list | None = None
     torch_dtype: str = "float32"             # the dtype the checkpoint was saved in
 
-    def __post_init__(self):
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture: {self.architecture!r} is not supported; "
-                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
-        if self.num_key_value_heads is None: self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ValueError(f"hidden_size: {self.hidden_size} is not divisible by "
-                                 f"num_attention_heads={self.num_attention_heads}; set head_dim")
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_key_value_heads < 1 or self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_key_value_heads: {self.num_key_value_heads} must divide "
-                             f"num_attention_heads={self.num_attention_heads}")
-        if self.head_dim % 2: raise ValueError(f"head_dim: must be even for RoPE, got {self.head_dim}")
-        if self.rms_norm_eps <= 0: raise ValueError(f"rms_norm_eps: must be > 0, got {self.rms_norm_eps}")
-        if self.rope_theta <= 0: raise ValueError(f"rope_theta: must be > 0, got {self.rope_theta}")
-        if self.layer_windows is None: self.layer_windows = [None] * self.num_hidden_layers
-        if len(self.layer_windows) != self.num_hidden_layers:
-            raise ValueError(f"layer_windows: {len(self.layer_windows)} entries for {self.num_hidden_layers} layers")
-        if self.num_experts:
-            if not 1 <= self.num_experts_per_tok <= self.num_experts:
-                raise ValueError(f"num_experts_per_tok: {self.num_experts_per_tok} must be in [1, num_experts={self.num_experts}]")
-            if self.moe_intermediate_size is None: self.moe_intermediate_size = self.intermediate_size
-            if self.moe_layers is None: self.moe_layers = list(range(self.num_hidden_layers))
-        else:
-            self.moe_layers = []
-        if self.torch_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"torch_dtype: {self.torch_dtype!r} is not one of float32, bfloat16, float16")
+    def __post_init__(self): self._validate()   # fills the defaults that depend on other fields, then checks
 
     @property
     def model_type(self): return SUPPORTED_ARCHITECTURES[self.architecture]
@@ -92,6 +61,43 @@ class ModelConfig:
         e = self.eos_token_id
         return [] if e is None else [e] if isinstance(e, int) else list(e)
     def is_moe_layer(self, i: int) -> bool: return i in self.moe_layers
+
+# %% ../../nbs/00_config.ipynb #98b4d118
+@patch
+def _validate(self: ModelConfig):
+    if self.architecture not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"architecture: {self.architecture!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "max_position_embeddings"):
+        v = getattr(self, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+    if self.num_key_value_heads is None: self.num_key_value_heads = self.num_attention_heads
+    if self.head_dim is None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size: {self.hidden_size} is not divisible by "
+                             f"num_attention_heads={self.num_attention_heads}; set head_dim")
+        self.head_dim = self.hidden_size // self.num_attention_heads
+    if self.num_key_value_heads < 1 or self.num_attention_heads % self.num_key_value_heads:
+        raise ValueError(f"num_key_value_heads: {self.num_key_value_heads} must divide "
+                         f"num_attention_heads={self.num_attention_heads}")
+    if self.head_dim % 2: raise ValueError(f"head_dim: must be even for RoPE, got {self.head_dim}")
+    if self.rms_norm_eps <= 0: raise ValueError(f"rms_norm_eps: must be > 0, got {self.rms_norm_eps}")
+    if self.rope_theta <= 0: raise ValueError(f"rope_theta: must be > 0, got {self.rope_theta}")
+    if self.layer_windows is None: self.layer_windows = [None] * self.num_hidden_layers
+    if len(self.layer_windows) != self.num_hidden_layers:
+        raise ValueError(f"layer_windows: {len(self.layer_windows)} entries for {self.num_hidden_layers} layers")
+    if self.num_experts:
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok: {self.num_experts_per_tok} must be in "
+                             f"[1, num_experts={self.num_experts}]")
+        if self.moe_intermediate_size is None: self.moe_intermediate_size = self.intermediate_size
+        if self.moe_layers is None: self.moe_layers = list(range(self.num_hidden_layers))
+    else:
+        self.moe_layers = []
+    if self.torch_dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"torch_dtype: {self.torch_dtype!r} is not one of float32, bfloat16, float16")
 
 # %% ../../nbs/00_config.ipynb #e1e8fa11
 def _rope_from_hf(d: dict) -> tuple[float, dict | None]:
@@ -146,6 +152,7 @@ def check_hf_types(d, source: str = "config.json") -> dict:
     if d.get("torch_dtype") is not None and not isinstance(d["torch_dtype"], str): raise bad("torch_dtype", "a string")
     return {k: v for k, v in d.items() if not (v is None and k in _INT_FIELDS + _BOOL_FIELDS)}
 
+# %% ../../nbs/00_config.ipynb #88ef707e
 def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
     "Build a `ModelConfig` from a HF config dict; errors name `source` and the field."
     d = check_hf_types(d, source)
@@ -153,7 +160,8 @@ def config_from_hf(d: dict, source: str = "config.json") -> ModelConfig:
     if not archs: raise ValueError(f"{source}: field 'architectures' is missing")
     arch = archs[0]
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{source}: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(f"{source}: architecture {arch!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if f not in d: raise ValueError(f"{source}: required field {f!r} is missing")
     theta, scaling = _rope_from_hf(d)
@@ -213,7 +221,8 @@ def num_params(cfg: ModelConfig) -> int: return sum(param_counts(cfg).values())
 def active_params(cfg: ModelConfig) -> int:
     "Parameters one token touches: for MoE only `num_experts_per_tok` experts of each MoE layer."
     n = num_params(cfg)
-    for i in cfg.moe_layers: n -= (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    for i in cfg.moe_layers:
+        n -= (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.hidden_size * cfg.moe_intermediate_size
     return n
 
 # %% ../../nbs/00_config.ipynb #2ecae126
@@ -225,14 +234,16 @@ def resolve_device(device=None) -> torch.device:
     if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try: d = torch.device(device)
     except (RuntimeError, TypeError): raise ValueError(f"device: {device!r} is not supported (cpu or cuda)") from None
-    if d.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"device: {device!r} asked for but CUDA is not available")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asked for but CUDA is not available")
     if d.type not in ("cpu", "cuda"): raise ValueError(f"device: {device!r} is not supported (cpu or cuda)")
     return d
 
 def resolve_dtype(dtype, device: torch.device, cfg: ModelConfig | None = None) -> torch.dtype:
     "`dtype` as given (name or torch dtype); by default float32 on CPU and the checkpoint's dtype on CUDA."
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values(): raise ValueError(f"dtype: {dtype} is not supported (float32, bfloat16, float16)")
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype: {dtype} is not supported (float32, bfloat16, float16)")
         return dtype
     if dtype is None or dtype == "auto":
         return torch.float32 if device.type == "cpu" or cfg is None else DTYPES[cfg.torch_dtype]
@@ -252,7 +263,8 @@ def data_dir() -> Path:
 
 def shipped_model_path(name: str = "tiny-dense") -> Path:
     "Path of a shipped model (`tiny-dense`, `tiny-draft` or `tiny-moe`)."
-    if name not in SHIPPED_MODELS: raise ValueError(f"model: {name!r} is not a shipped model; shipped: {', '.join(SHIPPED_MODELS)}")
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"model: {name!r} is not a shipped model; shipped: {', '.join(SHIPPED_MODELS)}")
     return data_dir() / "models" / name
 
 def resolve_model_path(model=None) -> Path:

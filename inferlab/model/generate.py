@@ -20,7 +20,7 @@ __all__ = ['KVCache', 'GenerationOutput', 'check_prompt', 'find_stop', 'detokeni
 
 # %% ../../nbs/06_generate.ipynb #34b5caf0
 class KVCache:
-    "Contiguous per-layer keys and values `[batch, max_len, kv_heads, head_dim]` for one batch of equal-length sequences."
+    "Contiguous per-layer keys and values `[batch, max_len, kv_heads, head_dim]` for a batch of equal-length sequences."
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype=torch.float32, device="cpu"):
         shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
@@ -35,9 +35,10 @@ class KVCache:
         return self.k[layer][:, :end], self.v[layer][:, :end]
 
     def attend(self, layer: int, q, k, v, positions, window: int | None, scale: float):
-        "Store this step's keys/values after the cached ones; attend over all of them (the cache holds positions 0..s-1)."
+        "Store this step's keys/values after the cached ones; attend over all of them (the cache holds 0..s-1)."
         k, v = self.update(layer, k, v)
-        return sdpa_reference(q, k, v, attention_mask(positions, torch.arange(k.shape[1], device=q.device), window), scale)
+        mask = attention_mask(positions, torch.arange(k.shape[1], device=q.device), window)
+        return sdpa_reference(q, k, v, mask, scale)
 
     def advance(self, t: int): self.seq_len += t
     def nbytes(self) -> int: return sum(t.numel() * t.element_size() for t in self.k + self.v)
@@ -90,7 +91,8 @@ def detokenize_and_check(tok: Tokenizer | None, token_ids: list[int], text: str,
 
 # %% ../../nbs/06_generate.ipynb #c9c2c548
 @torch.no_grad()
-def generate_one(model, tok: Tokenizer | None, prompt: str | list[int], params: SamplingParams | None = None) -> GenerationOutput:
+def generate_one(model, tok: Tokenizer | None, prompt: str | list[int],
+                 params: SamplingParams | None = None) -> GenerationOutput:
     "Generate for one prompt (text or token ids) with a contiguous KV cache. With `tok=None`: token ids only, no text."
     params = params or SamplingParams()
     cfg = model.config
@@ -112,14 +114,16 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int], params: 
         if step == 0: out.ttft_s = time.perf_counter() - t0
         out.token_ids.append(t); all_ids.append(t)
         if params.logprobs is not None:
-            lp, tops = token_logprobs(logits, t, params.logprobs); out.logprobs.append(lp); out.top_logprobs.append(tops)
+            lp, tops = token_logprobs(logits, t, params.logprobs)
+            out.logprobs.append(lp); out.top_logprobs.append(tops)
         out.text, offsets, reason = detokenize_and_check(tok, all_ids, out.text, offsets, params, eos, step + 1, budget)
         if reason is not None: out.finish_reason = reason; break
         x = torch.tensor([[t]], device=model.device)
     out.total_s = time.perf_counter() - t0
     return out
 
-def generate(model, tok: Tokenizer, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
+def generate(model, tok: Tokenizer, prompts,
+             params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
     "The reference: each prompt alone, one after another."
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
     ps = params if isinstance(params, list) else [params] * len(prompts)

@@ -26,7 +26,8 @@ class GPUSpec:
     def __post_init__(self):
         for f in ("mem_gbps", "bf16_tflops", "int8_tops", "fp8_tflops", "memory_gb"):
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not v > 0: raise ValueError(f"{f}: must be a positive number, got {v!r}")
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{f}: must be a positive number, got {v!r}")
         if not isinstance(self.price_per_hour, (int, float)) or self.price_per_hour < 0:
             raise ValueError(f"price_per_hour: must be a number >= 0, got {self.price_per_hour!r}")
 

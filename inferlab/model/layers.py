@@ -116,10 +116,12 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.scale = self.head_dim ** -0.5
         d, b = cfg.hidden_size, cfg.attention_bias
-        self.qkv_proj = MergedLinear(d, [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], bias=b)
+        q_rows, kv_rows = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.qkv_proj = MergedLinear(d, [q_rows, kv_rows, kv_rows], bias=b)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
         if cfg.qk_norm:
-            self.q_norm, self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps), RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else: self.q_norm = self.k_norm = None
 
     def qkv(self, x, cos, sin):
@@ -135,8 +137,9 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, positions, kv_cache=None):
-        """x `[b, t, d]`; positions `[t]`. `kv_cache` is whatever stores keys and values — none, chapter 06's contiguous
-        cache, the engine's paged one (chapter 15): each implements `attend`, so this layer never asks which it got."""
+        """x `[b, t, d]`; positions `[t]`. `kv_cache` is whatever stores keys and values — none, chapter 06's
+        contiguous cache, the engine's paged one (chapter 15): each implements `attend`, so this layer never asks
+        which it got."""
         q, k, v = self.qkv(x, cos, sin)
         cache = NO_CACHE if kv_cache is None else kv_cache
         return self.o_proj(cache.attend(self.layer_idx, q, k, v, positions, self.window, self.scale).flatten(2))

@@ -6,14 +6,13 @@ Docs: https://inferlab.github.io/inferlab/model.html.md"""
 
 # %% ../../nbs/04_model.ipynb #bb31829f
 from __future__ import annotations
-import json, re
+import json
 from pathlib import Path
 import torch
 import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save_file
-from .config import (ModelConfig, load_config, resolve_device, resolve_dtype, resolve_model_path,
-                             SUPPORTED_ARCHITECTURES, num_params)
+from .config import (ModelConfig, load_config, resolve_device, resolve_dtype, resolve_model_path)
 from .layers import RMSNorm, Attention, MLP, rope_inv_freq, rope_cos_sin
 from .moe import MoEBlock
 
@@ -62,8 +61,9 @@ class CausalLM(nn.Module):
 
     def hidden_states(self, input_ids, positions=None, kv_cache=None, check_ids: bool = True):
         "Final-norm hidden states `[b, t, d]`. `positions` `[t]` default to continuing `kv_cache`."
-        if input_ids.dim() != 2: raise ValueError(f"input_ids: expected shape [batch, seq], got {list(input_ids.shape)}")
-        if check_ids: self.check_token_ids(input_ids)   # the engine checks once at admission instead (no GPU sync per step)
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected shape [batch, seq], got {list(input_ids.shape)}")
+        if check_ids: self.check_token_ids(input_ids)   # the engine checks once at admission (no GPU sync per step)
         if positions is None:
             start = kv_cache.seq_len if kv_cache is not None else 0
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
@@ -83,7 +83,8 @@ class CausalLM(nn.Module):
     def dtype(self): return self.lm_head.weight.dtype
 
 # %% ../../nbs/04_model.ipynb #20500314
-_MIXTRAL_TO_OURS = [(".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")]
+_MIXTRAL_TO_OURS = [(".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."),
+                    (".w2.", ".down_proj.")]
 
 def hf_to_ours(name: str, cfg: ModelConfig) -> str:
     if cfg.architecture == "MixtralForCausalLM":
@@ -147,7 +148,8 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
-        extra = f" (found {', '.join(pickles)}: pickled checkpoints are never loaded; convert them to safetensors)" if pickles else ""
+        extra = (f" (found {', '.join(pickles)}: pickled checkpoints are never loaded; convert them to safetensors)"
+                 if pickles else "")
         raise FileNotFoundError(f"{path}: no *.safetensors checkpoint{extra}")
     files = {}
     for f in shards:
@@ -155,7 +157,7 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     return files
 
 def _open(f: Path, device: str = "cpu"):
-    if not f.is_file(): raise ValueError(f"{f}: not a regular file")   # a FIFO or a device would block or stream forever
+    if not f.is_file(): raise ValueError(f"{f}: not a regular file")   # a FIFO or a device would block forever
     try: return safe_open(str(f), framework="pt", device=device)
     except Exception as e: raise ValueError(f"{f}: not a valid safetensors file ({e})") from None
 
@@ -186,16 +188,19 @@ def load_state_dict(path, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         sd[hf_to_ours(name, cfg)] = t.to(dtype)
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     extra = [n for n in files if n not in want and n not in ignorable and not n.endswith("rotary_emb.inv_freq")]
-    if extra: raise ValueError(f"{files[extra[0]]}: unexpected tensor {extra[0]!r} for {cfg.architecture} as configured")
+    if extra:
+        raise ValueError(f"{files[extra[0]]}: unexpected tensor {extra[0]!r} for {cfg.architecture} as configured")
     return sd
 
+# %% ../../nbs/04_model.ipynb #b001541c
 def materialize(model: nn.Module, dtype: torch.dtype, device) -> nn.Module:
     "Give a meta-device model uninitialised storage of `dtype` on `device`; a tied parameter stays one tensor."
     new = {}
     for mod in model.modules():
         for k, p in list(mod._parameters.items()):
             if p is None: continue
-            if id(p) not in new: new[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
+            if id(p) not in new:
+                new[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
             mod._parameters[k] = new[id(p)]
     return model
 
@@ -227,7 +232,8 @@ def load_model(path=None, dtype=None, device=None) -> CausalLM:
 def config_to_hf(cfg: ModelConfig) -> dict:
     "A `config.json` dict for `cfg` that `transformers` loads."
     d = dict(architectures=[cfg.architecture], model_type=cfg.model_type, vocab_size=cfg.vocab_size,
-             hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+             hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+             num_hidden_layers=cfg.num_hidden_layers,
              num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
              head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
              rope_scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings,

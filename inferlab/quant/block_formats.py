@@ -123,7 +123,8 @@ def nvfp4_quantize(x: torch.Tensor, block: int = 16, tensor_scale: torch.Tensor 
     "Quantize `x` (`[..., n]`) to NVFP4; `tensor_scale` (decode convention) defaults to amax / 2688."
     if block % 2: raise ValueError(f"block: must be even to pack 4-bit codes, got {block}")
     xb = _blocks(x, block)                                                   # [..., n_blocks, block]
-    ts = nvfp4_tensor_scale(x) if tensor_scale is None else torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device)
+    ts = (nvfp4_tensor_scale(x) if tensor_scale is None
+          else torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device))
     block_scale = xb.abs().amax(-1) / E2M1_MAX                               # [..., n_blocks]
     scales = encode((block_scale / ts).clamp(E4M3_EPS, E4M3_MAX), "fp8_e4m3")  # RNE to E4M3
     total = ts * decode(scales, "fp8_e4m3")                                  # [..., n_blocks]
@@ -140,7 +141,8 @@ def nvfp4_dequantize(t: NVFP4Tensor) -> torch.Tensor:
 BLOCK_FORMATS = list(MX_FORMATS) + ["nvfp4"]
 
 def _check_block_format(fmt_name: str):
-    if fmt_name not in BLOCK_FORMATS: raise ValueError(f"fmt_name: unknown block format {fmt_name!r}; choose from {BLOCK_FORMATS}")
+    if fmt_name not in BLOCK_FORMATS:
+        raise ValueError(f"fmt_name: unknown block format {fmt_name!r}; choose from {BLOCK_FORMATS}")
 
 def quantize_dequantize(x: torch.Tensor, fmt_name: str, **kw) -> torch.Tensor:
     "Round-trip `x` through a block format (`mxfp8_e4m3`, ..., `mxint8`, `nvfp4`); float32 out, same shape."

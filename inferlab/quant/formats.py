@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 import torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['FORMATS', 'FLT_MAX', 'FloatFormat', 'IntFormat', 'get_format', 'decode_table', 'decode', 'representable_values',
@@ -31,8 +32,10 @@ class FloatFormat:
 
     def __post_init__(self):
         if not self.name: raise ValueError("name: must be non-empty")
-        if not isinstance(self.ebits, int) or self.ebits < 1: raise ValueError(f"ebits: must be >= 1, got {self.ebits!r}")
-        if not isinstance(self.mbits, int) or self.mbits < 0: raise ValueError(f"mbits: must be >= 0, got {self.mbits!r}")
+        if not isinstance(self.ebits, int) or self.ebits < 1:
+            raise ValueError(f"ebits: must be >= 1, got {self.ebits!r}")
+        if not isinstance(self.mbits, int) or self.mbits < 0:
+            raise ValueError(f"mbits: must be >= 0, got {self.mbits!r}")
         if self.signed + self.ebits + self.mbits > 8:
             raise ValueError(f"ebits: {self.signed + self.ebits + self.mbits} bits in all; codes are stored in a uint8")
         if self.nan not in ("none", "ieee", "all_ones"):
@@ -61,15 +64,8 @@ class FloatFormat:
         return ones if self.nan == "all_ones" else ((1 << self.ebits) - 1) << self.mbits | 1 << (self.mbits - 1)
     @property
     def inf_code(self) -> int | None: return ((1 << self.ebits) - 1) << self.mbits if self.inf else None
-    @property
-    def max(self) -> float: return _code_value(self, self.max_code)
-    @property
-    def emax(self) -> int: return math.floor(math.log2(self.max))        # exponent of the largest binade
-    @property
-    def min_normal(self) -> float: return 2.0 ** self.emin
-    @property
-    def min_subnormal(self) -> float: return 2.0 ** (self.emin - self.mbits) if self.subnormals else self.min_normal
 
+# %% ../../nbs/20_formats.ipynb #f93e8e7d
 @dataclass(frozen=True)
 class IntFormat:
     "A `bits`-bit integer: two's complement when `signed`."
@@ -79,7 +75,8 @@ class IntFormat:
 
     def __post_init__(self):
         if not self.name: raise ValueError("name: must be non-empty")
-        if not isinstance(self.bits, int) or not 2 <= self.bits <= 8: raise ValueError(f"bits: must be in 2..8, got {self.bits!r}")
+        if not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
+            raise ValueError(f"bits: must be in 2..8, got {self.bits!r}")
 
     @property
     def nbits(self) -> int: return self.bits
@@ -103,6 +100,17 @@ def _code_value(fmt, c: int) -> float:
     if E == 0 and fmt.subnormals: return sign * 2.0 ** (1 - fmt.bias) * (m / 2 ** fmt.mbits)
     return sign * 2.0 ** (E - fmt.bias) * (1 + m / 2 ** fmt.mbits)
 
+@patch(as_prop=True)
+def max(self: FloatFormat) -> float: return _code_value(self, self.max_code)
+@patch(as_prop=True)
+def emax(self: FloatFormat) -> int: return math.floor(math.log2(self.max))        # exponent of the largest binade
+@patch(as_prop=True)
+def min_normal(self: FloatFormat) -> float: return 2.0 ** self.emin
+@patch(as_prop=True)
+def min_subnormal(self: FloatFormat) -> float:
+    return 2.0 ** (self.emin - self.mbits) if self.subnormals else self.min_normal
+
+# %% ../../nbs/20_formats.ipynb #17e50ed2
 FORMATS: dict[str, FloatFormat | IntFormat] = {f.name: f for f in [
     IntFormat("int8", 8), IntFormat("int4", 4), IntFormat("uint4", 4, signed=False),
     FloatFormat("fp8_e4m3", 4, 3, 7, nan="all_ones"),                 # OCP E4M3FN
@@ -181,7 +189,8 @@ def _amax(x: torch.Tensor, dim=None) -> torch.Tensor:
 def quantize_symmetric(x: torch.Tensor, fmt="int8", dim: int | None = None):
     "Signed integer codes with one scale per tensor (or per slice along `dim`): returns `(codes, scale)`."
     fmt = get_format(fmt)
-    if not isinstance(fmt, IntFormat) or not fmt.signed: raise ValueError(f"fmt: needs a signed integer format, got {fmt.name}")
+    if not isinstance(fmt, IntFormat) or not fmt.signed:
+        raise ValueError(f"fmt: needs a signed integer format, got {fmt.name}")
     amax = _amax(x.float(), dim)
     scale = torch.where(amax > 0, amax / fmt.qmax, torch.ones_like(amax))           # all zeros: any scale works
     q = (x.float() / scale).round().clamp(-fmt.qmax, fmt.qmax)                        # symmetric: -qmax, not qmin
@@ -190,7 +199,8 @@ def quantize_symmetric(x: torch.Tensor, fmt="int8", dim: int | None = None):
 def quantize_asymmetric(x: torch.Tensor, fmt="uint4", dim: int | None = None):
     "Unsigned integer codes with a scale and an integer zero point: returns `(codes, scale, zero_point)`."
     fmt = get_format(fmt)
-    if not isinstance(fmt, IntFormat) or fmt.signed: raise ValueError(f"fmt: needs an unsigned integer format, got {fmt.name}")
+    if not isinstance(fmt, IntFormat) or fmt.signed:
+        raise ValueError(f"fmt: needs an unsigned integer format, got {fmt.name}")
     x = x.float()
     lo = (x.amin() if dim is None else x.amin(dim=dim, keepdim=True)).clamp(max=0)   # keep 0 exactly representable
     hi = (x.amax() if dim is None else x.amax(dim=dim, keepdim=True)).clamp(min=0)

@@ -104,7 +104,7 @@ def storage_bits(fmt: str, granularity: str, shape, group_size: int = 128, scale
 
 # %% ../../nbs/22_granularity.ipynb #ed9534f9
 def capture_inputs(model: nn.Module, names: list[str], input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    "Run `model` on `input_ids` `[batch, tokens]`; the input of each named submodule (its last call), `[batch * tokens, in]`."
+    "Run `model` on `input_ids` `[batch, tokens]`: each named submodule's input (last call), `[batch * tokens, in]`."
     mods = dict(model.named_modules())
     missing = [n for n in names if n not in mods]
     if missing: raise ValueError(f"names: no submodule {missing[0]!r} in the model")

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from . import block_formats as qblock
 
 # %% auto #0
@@ -44,7 +45,8 @@ def parse_weight_format(s: str | None) -> WeightSpec:
     if not isinstance(s, str): raise ValueError(f"weights: expected a format name, got {s!r}")
     s = BLOCK_ALIASES.get(s, s)
     if s in BLOCK_FORMATS:
-        return WeightSpec(s, "block", 8 if s.startswith(("mxfp8", "mxint8")) else 6 if s.startswith("mxfp6") else 4, "block")
+        bits = 8 if s.startswith(("mxfp8", "mxint8")) else 6 if s.startswith("mxfp6") else 4
+        return WeightSpec(s, "block", bits, "block")
     m = re.fullmatch(r"(int8|int4|fp8)(?:-(tensor|channel|g(\d+)))?", s)
     if not m or (m.group(1) == "fp8" and m.group(3)) or (m.group(1) == "int4" and m.group(2) is None):
         raise ValueError(f"weights: {s!r} is not a weight format; valid: {', '.join(WEIGHT_FORMATS)} "
@@ -77,7 +79,8 @@ def padded_in_features(in_features: int, spec: WeightSpec) -> int:
     return -(-in_features // g) * g
 
 def weight_scales(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
-    "Symmetric scales amax/qmax: `[1]` per tensor, `[N]` per channel, `[N, K/g]` per group. fp16 for int (as GPTQ/AWQ store them), fp32 for fp8."
+    """Symmetric scales amax/qmax: `[1]` per tensor, `[N]` per channel, `[N, K/g]` per group. fp16 for int (as
+    GPTQ/AWQ store them), fp32 for fp8."""
     w = w.float()
     if spec.granularity == "tensor": amax = w.abs().amax().reshape(1)                   # [1]
     elif spec.granularity == "channel": amax = w.abs().amax(1)                          # [N]
@@ -86,7 +89,7 @@ def weight_scales(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
         wp = F.pad(w, (0, padded_in_features(K, spec) - K))
         amax = wp.view(N, -1, spec.group_size).abs().amax(-1)                           # [N, K/g]
     s = amax / _qmax(spec)
-    if spec.kind == "int": return s.clamp(min=2 ** -14, max=65504).half()              # a zero group still gets a usable scale
+    if spec.kind == "int": return s.clamp(min=2 ** -14, max=65504).half()    # a zero group still gets a usable scale
     return s.clamp(min=1e-12)
 
 def scales_per_column(scale: torch.Tensor, spec: WeightSpec, n_cols: int) -> torch.Tensor:
@@ -99,7 +102,7 @@ def scales_per_column(scale: torch.Tensor, spec: WeightSpec, n_cols: int) -> tor
 def quantize_to_codes(w: torch.Tensor, s: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
     "Round `w / s` to the format's grid (same shape): int8 codes in [-qmax-1, qmax], or float8_e4m3fn values."
     x = w.float() / s
-    if spec.kind == "fp8": return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # clamp first: the cast would give NaN
+    if spec.kind == "fp8": return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # clamp first: the cast gives NaN
     qmax = _qmax(spec)
     return torch.round(x).clamp(-qmax - 1, qmax).to(torch.int8)
 
@@ -150,13 +153,16 @@ def cpu_kernels() -> dict:
         try:
             c, s = quantize_weight(w, parse_weight_format("int8"))
             out = torch._weight_int8pack_mm(x, c, s.to(x.dtype)).float()
-            ok["int8"] = bool(torch.allclose(out, x.float() @ dequantize_codes(c, s, parse_weight_format("int8"), 128).t(), rtol=2e-2, atol=0.2))
+            ref = x.float() @ dequantize_codes(c, s, parse_weight_format("int8"), 128).t()
+            ok["int8"] = bool(torch.allclose(out, ref, rtol=2e-2, atol=0.2))
         except (AttributeError, RuntimeError, NotImplementedError): ok["int8"] = False
         try:
             spec = parse_weight_format("int4-g32")
             c, s = quantize_weight(w, spec)
-            out = torch._weight_int4pack_mm_for_cpu(x, _int4_kernel_weight(c + 8), 32, _int4_scales_and_zeros(s, x.dtype)).float()
-            ok["int4"] = bool(torch.allclose(out, x.float() @ dequantize_codes(c, s, spec, 128).t(), rtol=2e-2, atol=0.2))
+            out = torch._weight_int4pack_mm_for_cpu(x, _int4_kernel_weight(c + 8), 32,
+                                                    _int4_scales_and_zeros(s, x.dtype)).float()
+            ref = x.float() @ dequantize_codes(c, s, spec, 128).t()
+            ok["int4"] = bool(torch.allclose(out, ref, rtol=2e-2, atol=0.2))
         except (AttributeError, RuntimeError, NotImplementedError): ok["int4"] = False
         _CPU_KERNELS = ok
     return _CPU_KERNELS
@@ -167,12 +173,13 @@ def cpu_packed_applies(x: torch.Tensor, layer) -> bool:
     no activation format, bf16/fp16 `x` of at most `KERNEL_MAX_ROWS` rows on the CPU, and the kernel checked."""
     s = layer.spec
     if not (layer.activations is None and s.kind == "int" and x.device.type == "cpu"
-            and x.dtype in (torch.bfloat16, torch.float16) and x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS): return False
+            and x.dtype in (torch.bfloat16, torch.float16) and x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS):
+        return False
     if s.bits == 8: return s.granularity == "channel" and cpu_kernels()["int8"]
     return s.granularity == "group" and s.group_size in (32, 64, 128, 256) and cpu_kernels()["int4"]
 
 def cpu_packed_matmul(x: torch.Tensor, layer) -> torch.Tensor | None:
-    "`layer(x)` `[..., N]` by `torch._weight_int8pack_mm` or `torch._weight_int4pack_mm_for_cpu`; None where they do not apply."
+    "`layer(x)` `[..., N]` by `torch._weight_int8pack_mm` or `torch._weight_int4pack_mm_for_cpu`; None elsewhere."
     if not cpu_packed_applies(x, layer): return None
     shape, s = x.shape, layer.spec
     x2 = x.reshape(-1, shape[-1])                                                  # [rows, K]
@@ -180,7 +187,8 @@ def cpu_packed_matmul(x: torch.Tensor, layer) -> torch.Tensor | None:
         out = torch._weight_int8pack_mm(x2.contiguous(), layer.qweight, layer.scale.to(x.dtype))
     else:
         if layer._kernel_cache is None or layer._kernel_cache[1].dtype != x.dtype:   # built once, same size as qweight
-            layer._kernel_cache = (_int4_kernel_weight(unpack_int4(layer.qweight) + 8), _int4_scales_and_zeros(layer.scale, x.dtype))
+            layer._kernel_cache = (_int4_kernel_weight(unpack_int4(layer.qweight) + 8),
+                                   _int4_scales_and_zeros(layer.scale, x.dtype))
         Kp = layer.qweight.shape[1] * 2
         x2 = F.pad(x2, (0, Kp - shape[-1])).contiguous()                           # zero columns meet zero codes
         out = torch._weight_int4pack_mm_for_cpu(x2, layer._kernel_cache[0], s.group_size, layer._kernel_cache[1])
@@ -199,7 +207,8 @@ def _block_quantize(w: torch.Tensor, spec: WeightSpec):
 def _block_dequantize(m) -> torch.Tensor:
     "The `[N, K]` float32 weight of an MX / NVFP4 `QuantLinear`."
     shape = (m.out_features, m.in_features)
-    if m.spec.name == "nvfp4": return qblock.nvfp4_dequantize(qblock.NVFP4Tensor(m.qweight, m.scale, m.tensor_scale.reshape(()), shape))
+    if m.spec.name == "nvfp4":
+        return qblock.nvfp4_dequantize(qblock.NVFP4Tensor(m.qweight, m.scale, m.tensor_scale.reshape(()), shape))
     return qblock.mx_dequantize(qblock.MXTensor(m.qweight, m.scale, shape, qblock.MX_FORMATS[m.spec.name]))
 
 # %% ../../nbs/22a_quant_linear.ipynb #3770a2d5
@@ -224,17 +233,19 @@ class QuantLinear(nn.Module):
         self.register_buffer("tensor_scale", tensor_scale)     # NVFP4's second-level FP32 scale, else None
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.kernel = kernel                                    # (x, layer) -> output, or None: not for this input
-        self._kernel_cache = None                               # the CPU int4 kernel's weight layout, built on first use
+        self._kernel_cache = None                               # the CPU int4 kernel's weight layout, built on use
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, weights: str | None, activations: str | None = None, weight: torch.Tensor | None = None):
+    def from_linear(cls, linear: nn.Linear, weights: str | None, activations: str | None = None,
+                    weight: torch.Tensor | None = None):
         "Quantize `linear` (or the replacement `weight` `[N, K]`, e.g. a smoothed one) with round-to-nearest."
         w = (linear.weight if weight is None else weight).detach()
         spec = parse_weight_format(weights)
         codes, scale, ts = w.clone(), None, None
         if spec.kind == "block": codes, scale, ts = _block_quantize(w, spec)
         elif spec.kind != "none": codes, scale = quantize_weight(w, spec)
-        return cls(linear.in_features, linear.out_features, weights, activations, codes, scale, linear.bias, w.dtype, ts)
+        return cls(linear.in_features, linear.out_features, weights, activations, codes, scale, linear.bias,
+                   w.dtype, ts)
 
     def dequantize(self) -> torch.Tensor:
         "The weight this layer computes with, `[N, K]`, in float32."
@@ -255,20 +266,25 @@ class QuantLinear(nn.Module):
         if self.activations is not None: x = quantize_activation(x, self.activations)
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
-    def _apply(self, fn, recurse=True):
-        "`.to(dtype)` must not cast codes and scales: move them across devices only, and remember the compute dtype."
-        kept = {k: self._buffers.pop(k) for k in self._quant_buffers if self._buffers.get(k) is not None}
-        super()._apply(fn, recurse)
-        probe = fn(torch.zeros((), dtype=self.compute_dtype, device=kept["qweight"].device))
-        for k, v in kept.items(): self._buffers[k] = v.to(probe.device)
-        if probe.is_floating_point(): self.compute_dtype = probe.dtype
-        self._kernel_cache = None
-        return self
+# %% ../../nbs/22a_quant_linear.ipynb #0d4e3f2f
+@patch
+def _apply(self: QuantLinear, fn, recurse=True):
+    "`.to(dtype)` must not cast codes and scales: move them across devices only, and remember the compute dtype."
+    kept = {k: self._buffers.pop(k) for k in self._quant_buffers if self._buffers.get(k) is not None}
+    nn.Module._apply(self, fn, recurse)
+    probe = fn(torch.zeros((), dtype=self.compute_dtype, device=kept["qweight"].device))
+    for k, v in kept.items(): self._buffers[k] = v.to(probe.device)
+    if probe.is_floating_point(): self.compute_dtype = probe.dtype
+    self._kernel_cache = None
+    return self
 
-    def nbytes(self) -> int:
-        "Bytes of codes, scales and bias (what the format costs in memory)."
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scale, self.tensor_scale, self.bias) if t is not None)
+@patch
+def nbytes(self: QuantLinear) -> int:
+    "Bytes of codes, scales and bias (what the format costs in memory)."
+    parts = (self.qweight, self.scale, self.tensor_scale, self.bias)
+    return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, weights={self.spec.name}, "
-                f"activations={self.activations}, bias={self.bias is not None}")
+@patch
+def extra_repr(self: QuantLinear):
+    return (f"in_features={self.in_features}, out_features={self.out_features}, weights={self.spec.name}, "
+            f"activations={self.activations}, bias={self.bias is not None}")

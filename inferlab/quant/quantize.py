@@ -25,9 +25,9 @@ METHODS = ("rtn", "smoothquant", "gptq")
 
 @dataclass
 class QuantRecipe:
-    "What to quantize and how. `skip` lists module-name patterns kept in high precision ('lm_head', 'layers.0', '*.down_proj')."
-    weights: str | None = None        # "int8" (per channel), "int4-g32|g64|g128", "fp8", "mxfp4", "nvfp4", ... (WEIGHT_FORMATS)
-    activations: str | None = None    # None, "int8" (per-token, dynamic), "fp8" (per-tensor, dynamic), "int8-tensor", "fp8-token"
+    "What to quantize and how. `skip`: module-name patterns kept in high precision ('lm_head', 'layers.0', ...)."
+    weights: str | None = None        # "int8" (per channel), "int4-g32|g64|g128", "fp8", "mxfp4", ... (WEIGHT_FORMATS)
+    activations: str | None = None    # None, "int8" (per token), "fp8" (per tensor), "int8-tensor", "fp8-token"
     kv_cache: str | None = None       # a KV_CACHE_DTYPES name, for the engine: "fp8" (E4M3) or "int8"
     method: str = "rtn"               # "rtn" (round to nearest), "smoothquant" (W8A8), "gptq" (int weights)
     skip: list[str] = field(default_factory=list)
@@ -37,15 +37,18 @@ class QuantRecipe:
     def __post_init__(self):
         self.spec = parse_weight_format(self.weights)
         if self.activations is not None and self.activations not in ACT_FORMATS:
-            raise ValueError(f"activations: {self.activations!r} is not supported; valid: None, {', '.join(ACT_FORMATS)}")
+            raise ValueError(f"activations: {self.activations!r} is not supported; "
+                             f"valid: None, {', '.join(ACT_FORMATS)}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache: {self.kv_cache!r} is not supported; valid: None, {', '.join(KV_CACHE_DTYPES)}")
         if self.method not in METHODS:
             raise ValueError(f"method: {self.method!r} is not supported; valid: {', '.join(METHODS)}")
         if self.method == "smoothquant" and self.activations is None:
-            raise ValueError("method: 'smoothquant' moves activation outliers into the weights; it needs activations= set")
+            raise ValueError("method: 'smoothquant' moves activation outliers into the weights; "
+                             "it needs activations= set")
         if self.method == "gptq" and self.spec.kind != "int":
-            raise ValueError(f"method: 'gptq' here quantizes integer weights (int8, int4-gN); got weights={self.weights!r}")
+            raise ValueError(f"method: 'gptq' here quantizes integer weights (int8, int4-gN); "
+                             f"got weights={self.weights!r}")
         if isinstance(self.skip, str): self.skip = [self.skip]
         if not all(isinstance(p, str) and p for p in self.skip):
             raise ValueError(f"skip: expected a list of non-empty module-name patterns, got {self.skip!r}")
@@ -81,7 +84,8 @@ def _set_module(model: nn.Module, name: str, new: nn.Module):
 def quantize(model: nn.Module, recipe: QuantRecipe, calib_ids=None) -> nn.Module:
     """Quantize `model` in place following `recipe`; returns it. `calib_ids` (token ids `[rows, seq]` or a 1-D
     stream) are needed by SmoothQuant and GPTQ: text like what the model will see, but not the evaluation text."""
-    if not isinstance(recipe, QuantRecipe): raise ValueError(f"recipe: expected a QuantRecipe, got {type(recipe).__name__}")
+    if not isinstance(recipe, QuantRecipe):
+        raise ValueError(f"recipe: expected a QuantRecipe, got {type(recipe).__name__}")
     if recipe.method != "rtn" and calib_ids is None:
         raise ValueError(f"calib_ids: method {recipe.method!r} needs calibration token ids")
     targets = quant_targets(model, recipe.skip)
@@ -90,7 +94,8 @@ def quantize(model: nn.Module, recipe: QuantRecipe, calib_ids=None) -> nn.Module
         if recipe.method == "gptq": gptq_model(model, targets, recipe, calib_ids)
         else:
             for name in targets:
-                _set_module(model, name, QuantLinear.from_linear(model.get_submodule(name), recipe.weights, recipe.activations))
+                lin = model.get_submodule(name)
+                _set_module(model, name, QuantLinear.from_linear(lin, recipe.weights, recipe.activations))
     model.quant_recipe = recipe          # recipe.kv_cache: the engine's kv_cache_dtype
     return model
 
@@ -113,7 +118,8 @@ def _calib_batches(calib_ids, seq_len: int = 512, batch: int = 4) -> list[torch.
     if ids.dim() == 1:
         n = max(1, ids.numel() // seq_len)
         ids = ids[: n * seq_len].view(n, -1)
-    if ids.dim() != 2 or ids.numel() == 0: raise ValueError(f"calib_ids: expected token ids [rows, seq] or [tokens], got shape {list(ids.shape)}")
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"calib_ids: expected token ids [rows, seq] or [tokens], got shape {list(ids.shape)}")
     return list(ids.split(batch))
 
 class _Stop(Exception): pass
@@ -160,12 +166,13 @@ def _mlp_readers(mlp) -> list[nn.Linear]:
 @torch.no_grad()
 def smooth_model(model, calib_ids, alpha: float = 0.5, targets: list[str] | None = None) -> dict:
     """Divide each quantized linear's input channels by s and multiply its weight columns by s, folding 1/s into
-    what produced the input: the RMSNorm weight (q/k/v, gate/up), the up rows of gate_up_proj (down_proj), the v rows of qkv_proj (o_proj).
-    Exact in real arithmetic; returns the scales by module name."""
+    what produced the input: the RMSNorm weight (q/k/v, gate/up), the up rows of gate_up_proj (down_proj), the v
+    rows of qkv_proj (o_proj). Exact in real arithmetic; returns the scales by module name."""
     names = set(targets if targets is not None else quant_targets(model))
     watch = {}
     for i, layer in enumerate(model.model.layers):
-        watch[f"{i}.attn"], watch[f"{i}.o"], watch[f"{i}.mlp"] = layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp
+        watch[f"{i}.attn"], watch[f"{i}.o"] = layer.self_attn.qkv_proj, layer.self_attn.o_proj
+        watch[f"{i}.mlp"] = layer.mlp
         for j, e in enumerate(_mlps(layer.mlp)): watch[f"{i}.down.{j}"] = e.down_proj
     amax = input_amax(model, watch, calib_ids)
     name_of = {m: n for n, m in model.named_modules()}
@@ -186,9 +193,9 @@ def smooth_model(model, calib_ids, alpha: float = 0.5, targets: list[str] | None
             s = smooth_scales(amax[f"{i}.down.{j}"], [e.down_proj.weight], alpha)
             e.gate_up_proj.weight[e.gate_up_proj.shard_rows(1)].div_(s[:, None]); e.down_proj.weight.mul_(s)
             scales[name_of[e.down_proj]] = s
-        if f"{i}.o" in amax and quantized([a.o_proj]):                           # o reads attention outputs, linear in v
+        if f"{i}.o" in amax and quantized([a.o_proj]):                # o reads attention outputs, linear in v
             group, dh = a.n_heads // a.n_kv, a.head_dim
-            x = amax[f"{i}.o"].view(a.n_kv, group, dh).amax(1).reshape(-1)            # [n_kv * dh]: shared by a head group
+            x = amax[f"{i}.o"].view(a.n_kv, group, dh).amax(1).reshape(-1)     # [n_kv * dh]: shared by a group
             w = a.o_proj.weight.view(-1, a.n_kv, group, dh).abs().amax(2).reshape(-1, a.n_kv * dh)
             s = smooth_scales(x, [w], alpha)                                             # one s per v channel
             a.qkv_proj.weight[a.qkv_proj.shard_rows(2)].div_(s[:, None])
@@ -200,15 +207,16 @@ def smooth_model(model, calib_ids, alpha: float = 0.5, targets: list[str] | None
 # %% ../../nbs/23_quantize.ipynb #89d6866f
 @torch.no_grad()
 def gptq_quantize_weight(w: torch.Tensor, H: torch.Tensor, spec: WeightSpec, damp: float = 0.01, block: int = 32):
-    """GPTQ (Frantar et al. 2022): quantize the columns of `w` `[N, K]` in order; after each one, spread its rounding
-    error over the columns not yet quantized, weighted by the inverse Hessian `H = X^T X` `[K, K]` of the layer's
-    inputs, so that `X W^T` changes as little as possible. Returns `(codes, scale)` like `quantize_weight`."""
+    """GPTQ (Frantar et al. 2022, Algorithm 1): quantize the columns of `w` `[N, K]` in order; after each one,
+    spread its rounding error over the columns not yet quantized with the rows of the upper Cholesky factor of the
+    inverse Hessian `H = X^T X` `[K, K]` of the layer's inputs, so that `X W^T` changes as little as possible.
+    Returns `(codes, scale)` like `quantize_weight`."""
     N, K = w.shape
     W, H = w.detach().float().clone(), H.float().clone()
     dead = torch.diag(H) == 0                                     # channels never active: their weights do not matter
     H[dead, dead] = 1; W[:, dead] = 0
     H += damp * torch.diag(H).mean() * torch.eye(K, device=H.device)
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)   # upper Cholesky of H^-1
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)   # U: H^-1 = U^T U
     g = spec.group_size if spec.granularity == "group" else 0
     block = math.gcd(g, block) if g else block                     # blocks tile groups: a group starts on a block
     per_row = WeightSpec(spec.name, spec.kind, spec.bits, "channel")
@@ -248,7 +256,8 @@ def _hessians(mods: dict, run) -> tuple[dict, dict]:
 
 def _gptq_replace(model, mods: dict, H: dict, count: dict, recipe: QuantRecipe):
     for n, m in mods.items():
-        Hn = H[n] / count[n] if n in H else torch.eye(m.in_features, device=m.weight.device)   # an expert never routed to: RTN
+        # an expert never routed to has no H: the identity makes GPTQ round to nearest
+        Hn = H[n] / count[n] if n in H else torch.eye(m.in_features, device=m.weight.device)
         codes, scale = gptq_quantize_weight(m.weight, Hn, recipe.spec, recipe.damp)
         _set_module(model, n, QuantLinear(m.in_features, m.out_features, recipe.weights, recipe.activations,
                                           codes, scale, m.bias, m.weight.dtype))
