@@ -66,17 +66,13 @@ check-export: export
 	@changed="$$(git status --porcelain -- inferlab)"; \
 	if [ -n "$$changed" ]; then echo "$$changed"; echo "nbdev-export changed inferlab/: run nbdev-export and commit"; exit 1; fi
 
-# Chapters being rewritten at the moment, left out of tools/check_notebooks.py until they land; the list shrinks to empty.
-CHECK_NB_SKIP := 00_config 01_tokenizer 02_layers 03_moe 04_model 05_sampling 06_generate 07_train 09_hardware \
-  10_kv_memory 11_sequence 12_block_manager 14_scheduler 15a_cpu_threads 20_formats 21_block_formats 22_granularity \
-  22a_quant_linear 23_quantize
 
 ## test: everything CI runs: export check, the layering check (tools/check_layers.py), the chapters' shape
 ## (tools/check_notebooks.py: exported cells <= 60 lines, code <= 120 columns, no unused exported import, no process
 ## words), every notebook (one test each), tests/
 test: check-export
 	$(BIN)/python tools/check_layers.py
-	$(BIN)/python tools/check_notebooks.py $(addprefix --skip ,$(CHECK_NB_SKIP))
+	$(BIN)/python tools/check_notebooks.py
 	MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadscope tests
 
 ## test-slow: the soak tests and full matrices `make test` leaves out (pytest -m slow)
