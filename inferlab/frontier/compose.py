@@ -12,11 +12,10 @@ from ..engine.kv_memory import kv_block_bytes
 from ..parallel.collectives import link_params
 from ..serve.kv_transfer import prefill_engine, prefill, adopt
 from ..serve.disagg import write_payload, read_payload
-from .frontier import mark_frontier, FRONTIER_AXES
 from .sweep import techniques
 
 # %% auto #0
-__all__ = ['NGRAM', 'transfer_cost', 'measure_transfer', 'queued_rate', 'crossover', 'compare_frontiers', 'best_at', 'singles']
+__all__ = ['NGRAM', 'transfer_cost', 'measure_transfer', 'queued_rate', 'crossover', 'split_by_techniques', 'best_under']
 
 # %% ../../nbs/79_compose.ipynb #899abb84
 def transfer_cost(cfg, tokens: int, value_bytes: int, link, block_size: int = 16) -> tuple[int, float]:
@@ -70,25 +69,13 @@ def crossover(make_engine, prompts, quantization=None, batch_sizes=(1, 2, 4, 8, 
         out[b] = (statistics.median(rates["plain"]), statistics.median(rates["ngram"]))
     return out
 
-# %% ../../nbs/79_compose.ipynb #649aeb24
-def compare_frontiers(single: list[dict], combined: list[dict], axes: dict = FRONTIER_AXES) -> dict:
-    """The two sweeps together: which rows are non-dominated, how many of them combine techniques, and the best
-    output throughput of single techniques vs combinations at the single techniques' best top-1 agreement or better."""
-    rows = [r | {"kind": "single"} for r in single] + [r | {"kind": "combined"} for r in combined]
-    marked = mark_frontier(rows, axes["maximize"], axes["minimize"])
-    on = [r for r in marked if r["pareto"]]
-    floor = min(r["top1_agreement"] for r in single if techniques(r["config"] | {"data_parallel_size": 1}) <= 1)
-    best = lambda kind: max((r for r in marked if r["kind"] == kind and r["top1_agreement"] >= floor),
-                            key=lambda r: r["output_throughput"])
-    return dict(frontier=on, combined_on=sum(r["kind"] == "combined" for r in on), best_single=best("single"),
-                best_combined=best("combined"))
+# %% ../../nbs/79_compose.ipynb #93c33db5
+def split_by_techniques(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    "(rows of at most one technique, rows combining two or more): parallelism, weights, KV dtype, speculation."
+    one = [r for r in rows if techniques({"data_parallel_size": 1} | r["config"]) <= 1]
+    return one, [r for r in rows if r not in one]
 
-# %% ../../nbs/79_compose.ipynb #9fa2b15d
-def best_at(rows: list[dict], min_top1: float) -> dict | None:
-    "The row of highest output throughput among those whose top-1 agreement is at least `min_top1`."
-    ok = [r for r in rows if r["top1_agreement"] >= min_top1]
+def best_under(rows: list[dict], tpot_budget: float, min_top1: float = 0.0) -> dict | None:
+    "The row of highest output throughput with TPOT p50 within `tpot_budget` seconds (and top-1 agreement at least)."
+    ok = [r for r in rows if r["tpot_p50"] <= tpot_budget and r["top1_agreement"] >= min_top1]
     return max(ok, key=lambda r: r["output_throughput"]) if ok else None
-
-def singles(rows: list[dict]) -> list[dict]:
-    "Rows of at most one technique (parallelism, weight or KV quantization, speculation): the default grid's knobs."
-    return [r for r in rows if techniques({"data_parallel_size": 1} | r["config"]) <= 1]
