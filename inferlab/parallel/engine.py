@@ -212,6 +212,8 @@ GUARD_HINT = ('a spawned worker re-imports the main script, so one that builds a
               'one in every worker: put that code under `if __name__ == "__main__":`')
 
 def _is_main_test(test) -> bool:
+    "`__name__ == \"__main__\"`, alone or as one term of an `and`."
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And): return any(_is_main_test(v) for v in test.values)
     return ast.unparse(test).replace("'", '"') in ('__name__ == "__main__"', '"__main__" == __name__')
 
 def unguarded_main_line() -> int | None:
@@ -233,14 +235,15 @@ def unguarded_main_line() -> int | None:
 class WorkerWatch:
     "Rank 0's view of the workers it spawned, while they start: their reports (chapter 43) and their exit codes."
     def __init__(self, procs: list, conns: list):
-        self.procs, self.conns, self.seen = procs, conns, [set() for _ in procs]
+        self.procs, self.conns, self.seen, self.failure = procs, conns, [set() for _ in procs], None
 
     def _drain(self, i: int):
         try:
             while self.conns[i].poll():
                 msg = json.loads(self.conns[i].recv_bytes())
                 if msg["event"] == "error":
-                    raise RuntimeError(f"worker rank {i + 1} failed while starting:\n{msg['error']}")
+                    self.failure = RuntimeError(f"worker rank {i + 1} failed while starting:\n{msg['error']}")
+                    raise self.failure
                 self.seen[i].add(msg["event"])
         except (EOFError, OSError): pass               # its end closed: the exit code says the rest
 
@@ -251,12 +254,13 @@ class WorkerWatch:
             if p.exitcode is None: continue
             self._drain(i)                             # a report written just before it exited
             why = "" if "started" in self.seen[i] else f" before it started: {GUARD_HINT} (its error is printed above)"
-            raise RuntimeError(f"worker rank {i + 1} (pid {p.pid}) exited with code {p.exitcode}{why}")
+            self.failure = RuntimeError(f"worker rank {i + 1} (pid {p.pid}) exited with code {p.exitcode}{why}")
+            raise self.failure
 
     def settle(self, cause: BaseException, grace_s: float = 3.0):
         "Rank 0 failed while starting: raise a worker's own error instead, if one comes within `grace_s` seconds."
         deadline = time.monotonic() + grace_s
-        while not isinstance(cause, KeyboardInterrupt):
+        while self.failure is None and not isinstance(cause, KeyboardInterrupt):   # (not already a worker's)
             try: self.check()
             except RuntimeError as e: raise e from cause
             if time.monotonic() > deadline: return
@@ -354,8 +358,9 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
         if spec is not None: add_speculation(engine, spec, str(path))
         return SpmdLeader(engine) if spmd else engine
     except BaseException as e:
-        if watch is not None: watch.settle(e)                       # a worker's own error explains ours, if it has one
-        abandon(workers)
+        try:
+            if watch is not None: watch.settle(e)                   # a worker's own error explains ours, if it has one
+        finally: abandon(workers)
         raise
 
 def _join_torchrun(parallel: ParallelConfig, world: int, threads: int, device) -> int:

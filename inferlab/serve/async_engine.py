@@ -6,8 +6,8 @@ Docs: https://inferlab.github.io/inferlab/async_engine.html.md"""
 
 # %% ../../nbs/50_async_engine.ipynb #92f844e2
 from __future__ import annotations
-import asyncio, collections, dataclasses, itertools, threading
-from ..engine.interface import Engine, RequestOutput, EngineDeadError
+import asyncio, collections, dataclasses, itertools, threading, time
+from ..engine.interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 from fastcore.basics import patch
 
 # %% auto #0
@@ -172,5 +172,7 @@ def _fail_all(self: AsyncLLMEngine, err: Exception) -> list[RequestOutput]:
     err, outs = RuntimeError(f"engine loop: {type(err).__name__}: {err}"), []
     for rid in list(self._streams):
         self.engine.abort(rid)                             # its blocks freed; the error output is ours to give
-        outs.append(RequestOutput(rid, None, [], finished=True, finish_reason="error", error=err))
+        now = time.perf_counter()
+        outs.append(RequestOutput(rid, None, [], finished=True, finish_reason="error", error=err,
+                                  metrics=RequestMetrics(now, finish_time=now)))
     return outs

@@ -75,8 +75,8 @@ def test_bad_parallel_configs_fail_before_spawning(no_stray_processes):
         LLM("tiny-dense", tensor_parallel_size=3)
     with pytest.raises(ValueError, match="enable_expert_parallel: .* dense model"):
         LLM("tiny-dense", tensor_parallel_size=2, enable_expert_parallel=True)
-    with pytest.raises(ValueError, match="quantization: not supported"):
-        LLM("tiny-dense", tensor_parallel_size=2, quantization="w8a16")
+    with pytest.raises(ValueError, match="quantization: .nvfp4. with tensor_parallel_size > 1"):
+        LLM("tiny-dense", tensor_parallel_size=2, quantization="nvfp4")
     with pytest.raises(ValueError, match="tensor_parallel_size: must be an integer"):
         LLM("tiny-dense", tensor_parallel_size=0)
     with pytest.raises(ValueError, match="enable_expert_parallel: 3 ranks do not divide num_experts=8"):
