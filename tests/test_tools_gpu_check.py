@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 import pytest
 import torch
-from inferlab.engine.triton_attention import interpreter_ready
+from inferlab.engine.triton_runtime import interpreter_ready
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.py"
 needs_interpreter = pytest.mark.skipif(not interpreter_ready(), reason="Triton's interpreter is not active")

@@ -13,7 +13,8 @@ from inferlab.engine.sequence import Sequence
 from inferlab.engine.model_runner import ModelRunner, PagedKVCache, pack_model, prepare_batch, sample_batch
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.engine.paged_attention import TorchAttention
-from inferlab.engine.triton_attention import TritonAttention, interpreter_ready
+from inferlab.engine.triton_attention import TritonAttention
+from inferlab.engine.triton_runtime import interpreter_ready
 from inferlab.engine.cuda_graphs import (capture_sizes, bucket_for, StaticDecodeInputs, graphs_unsupported,
                                          capture_cuda_graph, capture_by_rerun, DecodeGraphs)
 from inferlab.model.random_weights import random_model

@@ -8,10 +8,13 @@ from inferlab.cli import main
 from inferlab.llm import build_engine
 
 def test_grid_spans_every_knob():
-    g = sw.default_grid()
+    "The default grid turns every knob but data parallelism; the factorial grid crosses the techniques, DP included."
+    g, f = sw.default_grid(), sw.factorial_grid()
     assert len(g) == 48 == len({sw.config_key(c) for c in g})
-    for k in sw.KNOBS: assert len({json.dumps(c[k], sort_keys=True) for c in g}) > 1, k
-    assert all(set(c) == set(sw.KNOBS) for c in g)
+    one_process = [k for k in sw.KNOBS if k != "data_parallel_size"]
+    for k in one_process: assert len({json.dumps(c[k], sort_keys=True) for c in g}) > 1, k
+    assert all(set(c) == set(one_process) for c in g) and all(set(c) == set(sw.KNOBS) for c in f)
+    assert len(f) == 58 and {c["data_parallel_size"] for c in f} == {1, 2} and min(map(sw.techniques, f)) == 2
 
 def test_top20_kl_is_the_renormalized_kl():
     rng = np.random.default_rng(0)

@@ -8,6 +8,7 @@ from inferlab.model.config import ModelConfig
 from inferlab.model.sampling import SamplingParams, chi2_quantile, probs_from_logits
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.spec_decode.spec_decoder import SpecDecoder, SpeculativeConfig
+from inferlab.spec_decode.proposers import NgramProposer
 from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, TokenDatastore
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
 from inferlab.model.random_weights import random_model
@@ -106,7 +107,9 @@ def spec_engine(method, target, decoder_cls=SpecDecoder):
     spec = {"method": method, "num_speculative_tokens": 2}
     if method == "ngram": spec.update(prompt_lookup_min=1, prompt_lookup_max=3)
     eng = LLMEngine(target, None, ENGINE)
-    eng.speculator = decoder_cls(SpeculativeConfig.from_dict(spec), proposer(method, target))
+    config = SpeculativeConfig.from_dict(spec)
+    prop = proposer(method, target) or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    eng.speculator = decoder_cls(config, prop)
     return eng
 
 def worst(counts, exact, test=goodness_of_fit):

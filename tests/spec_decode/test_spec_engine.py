@@ -108,7 +108,7 @@ def test_disable_by_batch_size(target, tok, prompts):
         for i, p in enumerate(prompts[:16]):       # staggered lengths: the batch drains one by one
             eng.add_request(p, SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True))
         while eng.has_unfinished(): eng.step()
-        return eng.num_draft_tokens
+        return eng.stats()["num_draft_tokens"]
     on = drafts({"method": "ngram", "num_speculative_tokens": 4})
     gated = drafts({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 4})
     assert 0 < gated < on
@@ -130,7 +130,7 @@ def test_rest_datastore_errors(target, tok, tmp_path):
         spec_engine(target, tok, None, {"method": "rest", "datastore": str(tmp_path / "one.txt")})
     (tmp_path / "code.txt").write_text("def add(a, b):\n    return a + b\n\n" * 50)   # a datastore of its own
     eng = spec_engine(target, tok, EngineConfig(max_num_seqs=1), {"method": "rest", "datastore": str(tmp_path / "code.txt")})
-    assert eng.proposer.method == "rest" and len(eng.proposer.store.tokens) > 100
+    assert eng.speculator.proposer.method == "rest" and len(eng.speculator.proposer.store.tokens) > 100
 
 def test_draft_with_other_vocabulary(target, tok, tmp_path):
     from inferlab.model.model import save_model
