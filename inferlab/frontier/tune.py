@@ -1,4 +1,4 @@
-"""The 77-configurations story, automated: optuna's multi-objective NSGA-II proposes configurations, each is measured like a sweep row, and the search is scored by the hypervolume its frontier covers against the full grid's — how many runs it needs to reach 95% of it — and by the best goodput it finds under the SLOs against the default configuration's.
+"""Finding the frontier without measuring the whole grid: optuna's multi-objective NSGA-II proposes configurations, each is measured like a sweep row, and the search is scored by the hypervolume its frontier covers against the full grid's — how many runs it needs to reach 95% of it — and by the best goodput it finds under the SLOs against the default configuration's.
 
 Docs: https://inferlab.github.io/inferlab/tune.html.md"""
 

@@ -37,8 +37,8 @@ def _put_all(items):
 # %% ../../nbs/50_async_engine.ipynb #5f62a6be
 class AsyncLLMEngine:
     """An engine (any `Engine`, chapter 15c) driven by its own thread: `await add_request(...)` (ValueError for a
-    bad request, `QueueFull`
-    when `max_waiting` wait already), `generate(...)` streams `RequestOutput`s, `abort(id)` from anywhere.
+    bad request, `QueueFull` when `max_waiting` wait already), `generate(...)` streams `RequestOutput`s, `abort(id)`
+    from anywhere.
     `observer` (optional) sees the engine and the outputs after every step, on the engine thread (metrics)."""
     def __init__(self, engine: Engine, max_waiting: int = 512, observer=None, start: bool = True):
         if not isinstance(max_waiting, int) or isinstance(max_waiting, bool) or max_waiting < 1:
@@ -83,24 +83,11 @@ class AsyncLLMEngine:
             self.abort(rid); raise
         return rid, stream.queue
 
-    async def generate(self, prompt, params=None, request_id: str | None = None):
-        "Yield `RequestOutput` snapshots until the request finishes; stopping early aborts it."
-        rid, queue = await self.add_request(prompt, params, request_id)
-        finished = False
-        try:
-            while not finished:
-                out = await queue.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished: self.abort(rid)
+    def abort(self, request_id: str):
+        "Abort a request from any thread; its blocks are freed before the next step."
+        self._inbox.append(("abort", request_id)); self._wake.set()
 
 # %% ../../nbs/50_async_engine.ipynb #c2f7c138
-@patch
-def abort(self: AsyncLLMEngine, request_id: str):
-    "Abort a request from any thread; its blocks are freed before the next step."
-    self._inbox.append(("abort", request_id)); self._wake.set()
-
 @patch
 def shutdown(self: AsyncLLMEngine, timeout: float = 10.0):
     "Stop the engine loop (and join its thread); requests still in flight are left to their readers' cancellation."
@@ -134,7 +121,6 @@ def _drain(self: AsyncLLMEngine):
         if kind == "add": self._add(*args)
         else: self.engine.abort(args[0])
 
-# %% ../../nbs/50_async_engine.ipynb #a5afdb48
 @patch
 def _add(self: AsyncLLMEngine, prompt, params, rid, future, stream):
     self._pending -= 1
@@ -156,6 +142,20 @@ def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
     for loop, items in by_loop.items():
         try: loop.call_soon_threadsafe(_put_all, items)
         except RuntimeError: pass                          # that loop has closed: nobody is reading
+
+# %% ../../nbs/50_async_engine.ipynb #a5afdb48
+@patch
+async def generate(self: AsyncLLMEngine, prompt, params=None, request_id: str | None = None):
+    "Yield `RequestOutput` snapshots until the request finishes; stopping early aborts it."
+    rid, queue = await self.add_request(prompt, params, request_id)
+    finished = False
+    try:
+        while not finished:
+            out = await queue.get()
+            finished = out.finished
+            yield out
+    finally:
+        if not finished: self.abort(rid)
 
 @patch
 def _die(self: AsyncLLMEngine, err: EngineDeadError):
