@@ -20,7 +20,7 @@ def add_engine_args(p: argparse.ArgumentParser):
                    help="checkpoint directory or shipped name (tiny-dense, tiny-draft, tiny-moe)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--quantization", default=None, help="w8a16, w4a16, w8a8, fp8, mxfp4 or nvfp4 (chapter 23)")
+    p.add_argument("--quantization", default=None, help="w8a16, w4a16, w8a8, fp8, mxfp4 or nvfp4 (chapter 26)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
                         "(methods: ngram, draft_model, medusa, rest)")
@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", add_help=False,
                    help="inferlab vs HF transformers: throughput, decode, TTFT, MBU (chapter 70); "
                    "speculation (chapter 73); `bench serve`: load against an OpenAI-compatible server (chapter 53)")
-    sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 19; "
+    sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 71; "
                    "`make bench-vllm` sets up vLLM's environment)")
     sub.add_parser("sweep", add_help=False, help="measure a grid of engine configurations, one JSON line each "
                    "(chapter 76); `inferlab sweep --help` lists its options")

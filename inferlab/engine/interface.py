@@ -1,4 +1,4 @@
-"""Every engine-shaped thing in this package — one process, tensor-parallel ranks behind rank 0, data-parallel replicas behind a dispatcher, a router over prefill and decode workers — answers the same nine questions. The server, the metrics, the benchmarks and the routers ask only those, so any engine can stand behind any of them, and the techniques inside an engine can be combined freely.
+"""Every engine-shaped thing in this package — one process, tensor-parallel ranks behind rank 0, data-parallel replicas behind a dispatcher, a router over prefill and decode workers — answers the same ten questions. The server, the metrics, the benchmarks and the routers ask only those, so any engine can stand behind any of them, and the techniques inside an engine can be combined freely.
 
 Docs: https://inferlab.github.io/inferlab/engine_interface.html.md"""
 

@@ -181,6 +181,103 @@ def has_unfinished(self: LLMEngine) -> bool:
     "Requests still running or waiting, or aborted ones whose final output the next `step()` returns."
     return self.scheduler.has_unfinished() or bool(self._aborted)
 
+# %% ../../nbs/16_llm_engine.ipynb #5339e5ae
+@patch
+def append_token(self: LLMEngine, seq: Sequence, tok: int, logits: torch.Tensor | None):
+    "Record a sampled token: logprobs, text, stop checks (the reference generate's rules, in its order)."
+    p, tk = seq.params, self.tokenizer
+    if seq.first_token_time is None: seq.first_token_time = time.perf_counter()
+    seq.append_token(tok)
+    if p.logprobs is not None:
+        lp, tops = token_logprobs(logits, tok, p.logprobs); seq.logprobs.append(lp); seq.top_logprobs.append(tops)
+    budget = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+    seq.text, seq.detok_offsets, reason = detokenize_and_check(tk, seq.token_ids, seq.text, seq.detok_offsets, p,
+                                                               self.eos_ids, seq.num_output_tokens, budget)
+    if reason is not None:
+        if self.kv_connector is not None: self.kv_connector.save(self, seq)   # before the blocks go back to the pool
+        self.scheduler.finish(seq, reason)
+
+@patch
+def output(self: LLMEngine, seq: Sequence) -> RequestOutput:
+    "A snapshot of `seq`; `new_text` is what was not streamed before (holding back a possible stop string's start)."
+    hold = 0 if seq.is_finished else max((len(s) for s in seq.params.stop), default=1) - 1
+    visible = seq.text[:max(0, len(seq.text) - hold)]       # a text shorter than the hold shows nothing yet
+    new_text, seq.num_streamed_chars = visible[seq.num_streamed_chars:], max(seq.num_streamed_chars, len(visible))
+    m = RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_cached_tokens,
+                       seq.num_preemptions)
+    return RequestOutput(seq.request_id, self.prompts.get(seq.request_id), seq.prompt_token_ids, seq.text,
+                         seq.output_token_ids, seq.is_finished, seq.finish_reason, new_text,
+                         list(seq.logprobs), list(seq.top_logprobs), m, seq.error)
+
+@patch
+def _forget(self: LLMEngine, request_id: str):
+    "A finished request whose final output was returned leaves the engine: memory stays flat over any number."
+    self.requests.pop(request_id, None); self.prompts.pop(request_id, None)
+
+# %% ../../nbs/16_llm_engine.ipynb #e51fb371
+@patch
+def count(self: LLMEngine, batch: ScheduledBatch):
+    self.num_steps += 1
+    self.num_prefill_tokens += batch.num_prefill_tokens; self.num_decode_tokens += batch.num_decode_tokens
+
+@patch
+def _sample(self: LLMEngine, logits: torch.Tensor, seqs: list[Sequence]) -> list:
+    "One token per row, or the exception that row raised: rows with non-finite logits fail alone."
+    finite = torch.isfinite(logits).all(-1).tolist()
+    if all(finite):
+        try: return sample_batch(logits, seqs)
+        except Exception: pass              # find the row at fault below
+    out = []
+    for i, seq in enumerate(seqs):
+        if not finite[i]:
+            out.append(ValueError("logits: the model produced non-finite values (NaN or inf) for this request"))
+            continue
+        try: out.append(sample_batch(logits[i:i + 1], [seq])[0])
+        except Exception as e: out.append(e)
+    return out
+
+@patch
+def _fail(self: LLMEngine, seq: Sequence, err: Exception) -> RequestOutput:
+    "End `seq` with `finish_reason='error'` (its blocks freed); its output carries `err`."
+    if not seq.is_finished:
+        seq.error = err if isinstance(err, (ValueError, RuntimeError)) else RuntimeError(f"{type(err).__name__}: {err}")
+        self.scheduler.finish(seq, "error")
+    if self.speculator is not None: self.speculator.release(seq)
+    return self.output(seq)
+
+# %% ../../nbs/16_llm_engine.ipynb #7e3ac179
+@patch
+def finish(self: LLMEngine, batch: ScheduledBatch, result) -> list[RequestOutput]:
+    "The step's outputs from what `execute` returned: verified drafts, sampled tokens, or the ended requests."
+    if isinstance(result, Exception):
+        outs = self.fail_batch(batch, result)
+        if self.speculator is not None:
+            for seq in batch.seqs: self.speculator.release(seq)
+        return outs
+    if self.speculator is not None: return self.speculator.verify(self, batch, *result)
+    return self.process(batch, *result[:2])
+
+@patch
+def fail_batch(self: LLMEngine, batch: ScheduledBatch, e: Exception) -> list[RequestOutput]:
+    "The model step failed: end the step's requests (blocks freed), keep the engine — unless the engine is dead."
+    if isinstance(e, EngineDeadError): raise e
+    err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
+    return [self._fail(seq, err) for seq in batch.seqs]
+
+@patch
+def process(self: LLMEngine, batch: ScheduledBatch, samplers: list[Sequence], logits: torch.Tensor) -> list:
+    "After the forward pass: advance the scheduler, sample each row, append, check stops; the step's outputs."
+    self.scheduler.update(batch)
+    self.count(batch)
+    outputs = []
+    for i, (seq, tok) in enumerate(zip(samplers, self._sample(logits, samplers))):
+        try:
+            if isinstance(tok, Exception): raise tok
+            self.append_token(seq, tok, logits[i])
+        except Exception as e: self._fail(seq, e)
+        outputs.append(self.output(seq))
+    return outputs
+
 # %% ../../nbs/16_llm_engine.ipynb #4dd7b44b
 @patch
 def step(self: LLMEngine) -> list[RequestOutput]:
@@ -228,103 +325,6 @@ def execute(self: LLMEngine, batch: ScheduledBatch):
 
 @patch
 def _wants_hidden(self: LLMEngine) -> bool: return self.speculator is not None and self.speculator.uses_hidden
-
-# %% ../../nbs/16_llm_engine.ipynb #7e3ac179
-@patch
-def finish(self: LLMEngine, batch: ScheduledBatch, result) -> list[RequestOutput]:
-    "The step's outputs from what `execute` returned: verified drafts, sampled tokens, or the ended requests."
-    if isinstance(result, Exception):
-        outs = self.fail_batch(batch, result)
-        if self.speculator is not None:
-            for seq in batch.seqs: self.speculator.release(seq)
-        return outs
-    if self.speculator is not None: return self.speculator.verify(self, batch, *result)
-    return self.process(batch, *result[:2])
-
-@patch
-def fail_batch(self: LLMEngine, batch: ScheduledBatch, e: Exception) -> list[RequestOutput]:
-    "The model step failed: end the step's requests (blocks freed), keep the engine — unless the engine is dead."
-    if isinstance(e, EngineDeadError): raise e
-    err = RuntimeError(f"the model step failed ({type(e).__name__}: {e}); the requests in it were ended")
-    return [self._fail(seq, err) for seq in batch.seqs]
-
-@patch
-def process(self: LLMEngine, batch: ScheduledBatch, samplers: list[Sequence], logits: torch.Tensor) -> list:
-    "After the forward pass: advance the scheduler, sample each row, append, check stops; the step's outputs."
-    self.scheduler.update(batch)
-    self.count(batch)
-    outputs = []
-    for i, (seq, tok) in enumerate(zip(samplers, self._sample(logits, samplers))):
-        try:
-            if isinstance(tok, Exception): raise tok
-            self.append_token(seq, tok, logits[i])
-        except Exception as e: self._fail(seq, e)
-        outputs.append(self.output(seq))
-    return outputs
-
-# %% ../../nbs/16_llm_engine.ipynb #e51fb371
-@patch
-def count(self: LLMEngine, batch: ScheduledBatch):
-    self.num_steps += 1
-    self.num_prefill_tokens += batch.num_prefill_tokens; self.num_decode_tokens += batch.num_decode_tokens
-
-@patch
-def _sample(self: LLMEngine, logits: torch.Tensor, seqs: list[Sequence]) -> list:
-    "One token per row, or the exception that row raised: rows with non-finite logits fail alone."
-    finite = torch.isfinite(logits).all(-1).tolist()
-    if all(finite):
-        try: return sample_batch(logits, seqs)
-        except Exception: pass              # find the row at fault below
-    out = []
-    for i, seq in enumerate(seqs):
-        if not finite[i]:
-            out.append(ValueError("logits: the model produced non-finite values (NaN or inf) for this request"))
-            continue
-        try: out.append(sample_batch(logits[i:i + 1], [seq])[0])
-        except Exception as e: out.append(e)
-    return out
-
-@patch
-def _fail(self: LLMEngine, seq: Sequence, err: Exception) -> RequestOutput:
-    "End `seq` with `finish_reason='error'` (its blocks freed); its output carries `err`."
-    if not seq.is_finished:
-        seq.error = err if isinstance(err, (ValueError, RuntimeError)) else RuntimeError(f"{type(err).__name__}: {err}")
-        self.scheduler.finish(seq, "error")
-    if self.speculator is not None: self.speculator.release(seq)
-    return self.output(seq)
-
-# %% ../../nbs/16_llm_engine.ipynb #5339e5ae
-@patch
-def append_token(self: LLMEngine, seq: Sequence, tok: int, logits: torch.Tensor | None):
-    "Record a sampled token: logprobs, text, stop checks (the reference generate's rules, in its order)."
-    p, tk = seq.params, self.tokenizer
-    if seq.first_token_time is None: seq.first_token_time = time.perf_counter()
-    seq.append_token(tok)
-    if p.logprobs is not None:
-        lp, tops = token_logprobs(logits, tok, p.logprobs); seq.logprobs.append(lp); seq.top_logprobs.append(tops)
-    budget = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
-    seq.text, seq.detok_offsets, reason = detokenize_and_check(tk, seq.token_ids, seq.text, seq.detok_offsets, p,
-                                                               self.eos_ids, seq.num_output_tokens, budget)
-    if reason is not None:
-        if self.kv_connector is not None: self.kv_connector.save(self, seq)   # before the blocks go back to the pool
-        self.scheduler.finish(seq, reason)
-
-@patch
-def output(self: LLMEngine, seq: Sequence) -> RequestOutput:
-    "A snapshot of `seq`; `new_text` is what was not streamed before (holding back a possible stop string's start)."
-    hold = 0 if seq.is_finished else max((len(s) for s in seq.params.stop), default=1) - 1
-    visible = seq.text[:len(seq.text) - hold]
-    new_text, seq.num_streamed_chars = visible[seq.num_streamed_chars:], max(seq.num_streamed_chars, len(visible))
-    m = RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_cached_tokens,
-                       seq.num_preemptions)
-    return RequestOutput(seq.request_id, self.prompts.get(seq.request_id), seq.prompt_token_ids, seq.text,
-                         seq.output_token_ids, seq.is_finished, seq.finish_reason, new_text,
-                         list(seq.logprobs), list(seq.top_logprobs), m, seq.error)
-
-@patch
-def _forget(self: LLMEngine, request_id: str):
-    "A finished request whose final output was returned leaves the engine: memory stays flat over any number."
-    self.requests.pop(request_id, None); self.prompts.pop(request_id, None)
 
 # %% ../../nbs/16_llm_engine.ipynb #996b3729
 @patch

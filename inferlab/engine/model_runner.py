@@ -25,7 +25,7 @@ from ..model.generate import KVCache
 from ..model.sampling import sample_rows
 
 # %% auto #0
-__all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'calibrate_kv_scales', 'AttentionContext', 'prepare_batch',
+__all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'prepare_batch', 'calibrate_kv_scales', 'AttentionContext',
            'few_rows_matmul', 'KMajorLinear', 'pack_model', 'NumpyDecoder', 'ModelRunner', 'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
@@ -65,6 +65,35 @@ class PagedKVCache:
         scales = [] if self.k_scale is None else self.k_scale + self.v_scale
         return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
 
+# %% ../../nbs/15_model_runner.ipynb #cb81cb87
+def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
+    width = max((len(t) for t in tables), default=0)
+    return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32,
+                        device=device).view(len(tables), width)
+
+def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
+    """Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [R]` and the sequence of each
+    sampled row (`batch.num_sampled[i]` rows for `seqs[i]`: its last positions this step). An entry that samples at
+    every position it computes (a decode; speculation's last token + drafts) becomes one decode row per token: row
+    `p` attends to positions `0..p`, whose K/V the step writes before any attention reads."""
+    ids, pos, slots, logits_idx, samplers = [], [], [], [], []
+    pre_cu, pre_lens, pre_tables, dec_lens, dec_tables = [0], [], [], [], []
+    for seq, n, k in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled):
+        start, bt = seq.num_computed_tokens, seq.block_table
+        tokens = seq.token_ids + seq.draft_token_ids if seq.draft_token_ids else seq.token_ids
+        ids += tokens[start:start + n]
+        pos += range(start, start + n)
+        slots += [bt[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+        if k != n:
+            if dec_lens: raise ValueError("prepare_batch: a prefill chunk comes after decode rows; prefills go first")
+            pre_cu.append(pre_cu[-1] + n); pre_lens.append(start + n); pre_tables.append(bt)
+        else: dec_lens += range(start + 1, start + n + 1); dec_tables += [bt] * n
+        logits_idx += range(len(ids) - k, len(ids)); samplers += [seq] * k
+    t = lambda x, dt=torch.int32: torch.tensor(x, dtype=dt, device=device)
+    meta = AttentionMetadata(t(slots, torch.int64), pre_cu[-1], t(pre_cu), t(pre_lens), _pad_tables(pre_tables, device),
+                             t(dec_lens), _pad_tables(dec_tables, device))
+    return t(ids, torch.int64), t(pos, torch.int64), meta, t(logits_idx, torch.int64), samplers
+
 # %% ../../nbs/15_model_runner.ipynb #8623c213
 @torch.inference_mode()
 def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headroom: float | None = None):
@@ -79,7 +108,7 @@ def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headro
 
 class AttentionContext:
     """What the model's attention layers receive as `kv_cache` in the engine: the paged cache, this step's metadata
-    and the attention backend the runner chose when it was built (chapters 13 and 13a)."""
+    and the attention backend the runner chose when it was built (chapters 13 and 13b)."""
     def __init__(self, cache: PagedKVCache, meta: AttentionMetadata, backend: TorchAttention | None = None):
         self.cache, self.meta, self.backend = cache, meta, backend or TorchAttention()
         self.plans, self.prefill_plans = {}, {}   # per window size: computed by the first layer, reused by the rest
@@ -110,35 +139,6 @@ class AttentionContext:
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
     def advance(self, n: int): pass   # the contiguous cache's hook; positions here come from the metadata
-
-# %% ../../nbs/15_model_runner.ipynb #cb81cb87
-def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
-    width = max((len(t) for t in tables), default=0)
-    return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32,
-                        device=device).view(len(tables), width)
-
-def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
-    """Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [R]` and the sequence of each
-    sampled row (`batch.num_sampled[i]` rows for `seqs[i]`: its last positions this step). An entry that samples at
-    every position it computes (a decode; speculation's last token + drafts) becomes one decode row per token: row
-    `p` attends to positions `0..p`, whose K/V the step writes before any attention reads."""
-    ids, pos, slots, logits_idx, samplers = [], [], [], [], []
-    pre_cu, pre_lens, pre_tables, dec_lens, dec_tables = [0], [], [], [], []
-    for seq, n, k in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled):
-        start, bt = seq.num_computed_tokens, seq.block_table
-        tokens = seq.token_ids + seq.draft_token_ids if seq.draft_token_ids else seq.token_ids
-        ids += tokens[start:start + n]
-        pos += range(start, start + n)
-        slots += [bt[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-        if k != n:
-            if dec_lens: raise ValueError("prepare_batch: a prefill chunk comes after decode rows; prefills go first")
-            pre_cu.append(pre_cu[-1] + n); pre_lens.append(start + n); pre_tables.append(bt)
-        else: dec_lens += range(start + 1, start + n + 1); dec_tables += [bt] * n
-        logits_idx += range(len(ids) - k, len(ids)); samplers += [seq] * k
-    t = lambda x, dt=torch.int32: torch.tensor(x, dtype=dt, device=device)
-    meta = AttentionMetadata(t(slots, torch.int64), pre_cu[-1], t(pre_cu), t(pre_lens), _pad_tables(pre_tables, device),
-                             t(dec_lens), _pad_tables(dec_tables, device))
-    return t(ids, torch.int64), t(pos, torch.int64), meta, t(logits_idx, torch.int64), samplers
 
 # %% ../../nbs/15_model_runner.ipynb #22f63725
 SMALL_STEP_TOKENS = 8   # CPU steps with at most this many tokens take the decode path below
@@ -210,8 +210,8 @@ def _row_groups(tables: np.ndarray, lens: list[int]) -> list[tuple[int, int]]:
 
 class NumpyDecoder:
     """A decode-only CPU step (one new token for each of a few sequences) in NumPy, on the packed model's K-major
-    weights and the paged cache's memory (views, no copies): `tiny-dense` decodes about twice as fast as through
-    torch's small ops. `NumpyDecoder.unsupported(model, cache)` says why a model must keep the torch path."""
+    weights and the paged cache's memory (views, no copies), with far fewer and cheaper ops than torch's path
+    (chapter 15 times both). `NumpyDecoder.unsupported(model, cache)` says why a model must keep the torch path."""
     def __init__(self, model, kv_cache: PagedKVCache):
         if (why := self.unsupported(model, kv_cache)): raise ValueError(f"NumpyDecoder: {why}")
         cfg, arr = model.config, (lambda t: None if t is None else t.detach().numpy())
