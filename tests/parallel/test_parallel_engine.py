@@ -2,6 +2,7 @@
 import pytest
 import torch
 from parallel_helpers import random_checkpoint, prompts
+from inferlab.engine.interface import check_engine
 from inferlab.llm import LLM
 from inferlab.model.model import load_model
 from inferlab.model.sampling import SamplingParams
@@ -19,6 +20,7 @@ def single(path, ps):
 
 def parallel(path, ps, **kw):
     with LLM(path, dtype="float32", **kw) as llm:
+        check_engine(llm.engine)                         # the data-parallel and tensor-parallel engines alike
         outs = llm.generate(ps, GREEDY)
         if kw.get("data_parallel_size", 1) > 1: _duplicate_id_refused(llm.engine, ps[0])
     assert all(o.error is None for o in outs), [o.error for o in outs if o.error][:1]

@@ -1,5 +1,6 @@
 "The disaggregation router in-process (chapter 58): a decode worker that dies before a request's first token has that request started again on a survivor; one that dies while the router is idle is noticed before a request is sent to it."
 import pytest, torch
+from inferlab.engine.interface import check_engine
 from inferlab.llm import LLM
 from inferlab.model.sampling import SamplingParams
 from inferlab.serve.router import DisaggRouter
@@ -18,6 +19,7 @@ def test_a_dead_decode_worker_reroutes_what_it_had_not_started_and_an_idle_death
     want = [o.token_ids for o in LLM("tiny-dense", dtype="float32").generate(ps, greedy)]
     router = DisaggRouter("tiny-dense", 1, 2, worker_args=["--dtype", "float32"], max_local_prefill_length=64, max_prefill_queue=100)
     try:
+        check_engine(router)                                # the router is an engine like any other
         rids = [router.add_request(p, greedy) for p in ps]
         d0, d1 = (next(w for w in router.workers if w.name == f"inferlab-decode-{i}") for i in (0, 1))
         on_d1 = [r for r in rids if router.requests[r].decode is d1]
