@@ -26,7 +26,8 @@ def send(conn, msg: dict): conn.send_bytes(json.dumps(msg).encode())
 
 def no_delay(conn):
     """Turn Nagle's algorithm off on a TCP `Connection`: messages here are small and frequent, and Nagle holding one
-    until the previous is acknowledged, against the peer's delayed ACK, stalls a token stream by 40 ms at a time."""
+    until the previous is acknowledged, against the peer's delayed ACK, stalls a token stream by up to Linux's minimum
+    delayed-ACK time (TCP_DELACK_MIN, 40 ms: include/net/tcp.h) at a time."""
     s = socket.socket(fileno=os.dup(conn.fileno()))                # the same socket; closing the dup leaves it open
     try: s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     finally: s.close()
