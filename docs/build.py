@@ -68,16 +68,14 @@ def skip_flags() -> list[str]:
 
 def execute(name: str, flags: list[str]) -> tuple[str, bool, float]:
     "Copy `nbs/NAME.ipynb` to `_proc/` and run it there with nbdev's executor, saving the outputs on success."
-    import nbdev.test as nbt                      # not `from nbdev.test import test_nb` (it is a pytest name)
+    sys.path.insert(0, str(ROOT / "tools"))
+    from run_notebook import run_notebook          # resets the shell after each chapter: memory stays flat
     dst = PROC / f"{name}.ipynb"
     shutil.copyfile(NBS / f"{name}.ipynb", dst)
     t = time.time()
-    try: ok, _ = nbt.test_nb(dst, skip_flags=flags, save=True)
+    try: ok, _ = run_notebook(dst, flags, save=True)
     except BaseException as e:                     # test_nb catches cell errors; this is anything else
         log(f"{name}: executor error: {e!r}"); ok = False
-    try:
-        import matplotlib.pyplot as plt; plt.close("all")   # figures must not leak into the next notebook
-    except Exception: pass
     return name, ok, time.time() - t
 
 
