@@ -13,7 +13,7 @@ import torch.distributed as dist
 from ..engine.model_runner import (ModelRunner, AttentionMetadata, prepare_batch, pack_model,
                                           SMALL_STEP_TOKENS)
 from ..engine.cpu_threads import CpuThreads
-from ..engine.llm_engine import kv_scales_for
+from ..engine.llm_engine import kv_scales_for, LLMEngine, EngineConfig
 from ..engine.interface import EngineDeadError
 from ..quant.presets import quantize_model
 from .collectives import init_distributed
@@ -27,7 +27,7 @@ from .expert_parallel import EPMoEBlock, load_ep_model_shard
 __all__ = ['OP_STEP', 'OP_STOP', 'OP_END', 'STEP_FIELDS', 'EMPTY_STEP', 'PackedStep', 'payload_size', 'pack_step', 'unpack_step',
            'comm_device', 'StepChannel', 'run_rank_step', 'load_rank_model', 'quantize_rank_model', 'rank_device',
            'backend_for', 'make_rank_runner', 'serve_steps', 'recv_num_blocks', 'report', 'worker_main',
-           'ParallelError', 'GroupHandle', 'ParallelRunner', 'parallel_runner']
+           'ParallelError', 'GroupHandle', 'ParallelRunner', 'parallel_runner', 'greedy_tokens']
 
 # %% ../../nbs/43_parallel_runner.ipynb #a983bc9a
 OP_STEP, OP_STOP, OP_END = 1, 2, 3      # a step follows; shut down; (torchrun) the caller's generate call is over
@@ -302,3 +302,20 @@ def parallel_runner(parallel: ParallelConfig, threads: int, workers: list = ()):
         return ParallelRunner(model, num_blocks, config.block_size, parallel, threads, workers, config.kv_cache_dtype,
                               scales)
     return make
+
+# %% ../../nbs/43_parallel_runner.ipynb #97e6e39f
+def greedy_tokens(rank: int, world_size: int, path, prompts: list, max_tokens: int = 8, num_kv_blocks: int = 64):
+    """Run by `run_spmd`: greedy tokens for `prompts` from a TP=`world_size` engine over `path` (float32, CPU): rank 0
+    returns (the tokens per prompt, the engine's steps), the other ranks the op that ended their `serve_steps`."""
+    parallel, config = ParallelConfig(world_size), EngineConfig(num_kv_blocks=num_kv_blocks)
+    model = load_rank_model(path, parallel, rank, torch.float32, "cpu")
+    if rank > 0: return serve_steps(make_rank_runner(model, config, 1), StepChannel(), 0)
+    engine = LLMEngine(model, None, config, runner=parallel_runner(parallel, 1))
+    for i, p in enumerate(prompts): engine.add_request(p, dict(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                                                       request_id=str(i))
+    out = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished: out[o.request_id] = o.token_ids
+    engine.runner.shutdown()                                   # OP_STOP: rank 1 leaves serve_steps
+    return [out[str(i)] for i in range(len(prompts))], engine.num_steps

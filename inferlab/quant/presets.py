@@ -1,4 +1,4 @@
-"""`LLM(model, quantization="fp8")` names a preset, as vLLM's `quantization=` does. This chapter gives the presets one home, quantizes an engine's model with them, and shows how a tensor-parallel rank quantizes its own shard so that the ranks together hold exactly the codes and scales one process would: per-channel scales of a layer whose inputs are split are the maximum over the ranks, and group scales need shards cut on group boundaries.
+"""`LLM(model, quantization="fp8")` names a preset, as vLLM's [`quantization=`](https://docs.vllm.ai/en/latest/features/quantization/) does. This chapter gives the presets one home, quantizes an engine's model with them, and shows how a tensor-parallel rank quantizes its own shard so that the ranks together hold exactly the codes and scales one process would: per-channel scales of a layer whose inputs are split are the maximum over the ranks, and group scales need shards cut on group boundaries.
 
 Docs: https://inferlab.github.io/inferlab/presets.html.md"""
 

@@ -84,8 +84,8 @@ class SpecDecoder:
 
 def fit_to_path(ks: list[int], num_running: int, path_tokens: int | None) -> list[int]:
     """Draft lengths cut (the longest first) so that a step whose running sequences fit the runner's fast decode path
-    stays on it with their drafts: on CPU a verification past it takes torch's general path, 4-5x slower a step
-    (chapter 30's v(8)). A batch already past the path is left to `disable_by_batch_size`."""
+    stays on it with their drafts: on CPU a verification past it takes torch's general path, a slower step
+    (chapter 30 measures verification costs). A batch already past the path is left to `disable_by_batch_size`."""
     if path_tokens is None or num_running > path_tokens: return ks
     ks, spare = list(ks), path_tokens - num_running
     while sum(ks) > spare:
