@@ -316,16 +316,14 @@ class ModelRunner:
 
     def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
         """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled
-        positions
-        (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their hidden
-        states."""
+        positions (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their
+        hidden states."""
         with self.step_threads(batch): return self._execute(batch, return_hidden)   # pools given back when it ends
 
     def step_threads(self, batch: ScheduledBatch):
         """The CPU pool sizes for `batch`'s step (decode-sized: BLAS threads; else torch's). The engine holds them over
         the model call *and* the sampling after it: torch ops run between steps with torch's own two threads would wake
-        OpenMP against OpenBLAS threads still spinning after their last product (chapter 34 measured a verify step of
-        8 rows go from 8.1 to 3.6 ms)."""
+        OpenMP against OpenBLAS threads still spinning after their last product (chapter 15a measures that trap)."""
         return self.threads_for(decode=batch.num_tokens <= SMALL_STEP_TOKENS)
 
     def shutdown(self):
