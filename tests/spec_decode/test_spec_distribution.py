@@ -1,4 +1,4 @@
-"""Speculation is lossless in distribution: for each method, the first 3 tokens of 20,000 seeded runs of a fixed
+"""Speculation is lossless in distribution: for each method, the first 3 tokens of 12,000 seeded runs of a fixed
 prompt follow the target's exact marginals (enumerated over every prefix: a small vocabulary makes that 24 x 24
 forward rows), as the plain engine's do: chi-square per position at alpha = 0.001, against the exact distribution and
 against the plain engine's counts. The same test rejects a deliberately biased verifier (one that accepts every draft)."""
@@ -13,7 +13,7 @@ from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, Tok
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
 from inferlab.model.random_weights import random_model
 
-RUNS, POSITIONS, ALPHA = 20_000, 3, 0.001
+RUNS, POSITIONS, ALPHA = 12_000, 3, 0.001
 CFG = ModelConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
 SETTINGS = {"T=1.0": dict(temperature=1.0), "T=0.7, top-p 0.9": dict(temperature=0.7, top_p=0.9)}
