@@ -69,11 +69,11 @@ check-export: export
 
 ## test: everything CI runs: export check, the layering check (tools/check_layers.py), the chapters' shape
 ## (tools/check_notebooks.py: exported cells <= 60 lines, code <= 120 columns, no unused exported import, no process
-## words), every notebook (one test each), tests/
+## words), every notebook (one test each), tests/; the 30 slowest tests are listed at the end
 test: check-export
 	$(BIN)/python tools/check_layers.py
 	$(BIN)/python tools/check_notebooks.py
-	MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadscope tests
+	MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadscope --durations=30 tests
 
 ## test-slow: the soak tests and full matrices `make test` leaves out (pytest -m slow)
 test-slow: install-dev

@@ -63,7 +63,7 @@ class VllmPeer:
         while True:                                       # skip any stray line: the answer is one JSON object
             while b"\n" not in self._buf:                 # raw reads: a buffered reader would hide lines from select
                 if not sel.select(max(0.0, deadline - time.monotonic())):
-                    self.close()
+                    self.close(wait=0)                    # it stopped answering: a polite `quit` would wait too
                     raise TimeoutError(f"vLLM peer: no answer to {cmd['cmd']!r} within {self.timeout:.0f} s")
                 chunk = os.read(fd, 1 << 16)
                 if not chunk: raise RuntimeError(f"vLLM peer exited (code {self.proc.poll()}) during {cmd['cmd']!r}")
@@ -78,10 +78,11 @@ class VllmPeer:
     def decode_rate(self, prompt: list[int], n: int) -> float:
         return self.ask(cmd="decode", prompt=prompt, n=n)["tok_s"]
 
-    def close(self):
+    def close(self, wait: float = 20):
+        "Ask the peer to quit, give it `wait` seconds, then kill its process group."
         import signal
-        if self.proc.poll() is None:
-            try: self.proc.stdin.write(b'{"cmd": "quit"}\n'); self.proc.wait(20)
+        if self.proc.poll() is None and wait > 0:
+            try: self.proc.stdin.write(b'{"cmd": "quit"}\n'); self.proc.wait(wait)
             except Exception: pass
         if self.proc.poll() is None: os.killpg(self.proc.pid, signal.SIGKILL); self.proc.wait()   # its engine core too
     def __enter__(self): return self

@@ -31,10 +31,10 @@ def tok(): return load_tokenizer(TINY)
 
 @pytest.fixture(scope="module")
 def prompts(tok):
-    "200 prompts cut from held-out code, 8-160 tokens; half share a 48-token header (prefix-cache hits)."
+    "96 prompts cut from held-out code, 8-160 tokens; half share a 48-token header (prefix-cache hits)."
     ids = tok.encode(read_corpus("valid")[:150_000])
     rng = np.random.default_rng(0)
-    out = [ids[s:s + int(n)] for s, n in zip(rng.integers(0, len(ids) - 200, 200), rng.integers(8, 161, 200))]
+    out = [ids[s:s + int(n)] for s, n in zip(rng.integers(0, len(ids) - 200, 96), rng.integers(8, 161, 96))]
     header = ids[:48]
     return [header + p if i % 2 else p for i, p in enumerate(out)]
 
@@ -49,7 +49,7 @@ def run(engine, prompts, params=GREEDY):
 CONFIGS = {"batch 1": dict(max_num_seqs=1), "batch 16, chunked prefill": dict(max_num_seqs=16, max_num_batched_tokens=96),
            "batch 16, preempting": dict(max_num_seqs=16, num_kv_blocks=48, max_num_batched_tokens=96)}
 # Batch 1 runs one prompt at a time: the first 64 prompts (half behind the shared header) cover its one path; the
-# batched configurations, where drafts are trimmed, chunked and preempted, take all 200.
+# batched configurations, where drafts are trimmed, chunked and preempted, take all 96 (six batches of 16 each).
 NUM_PROMPTS = {"batch 1": 64}
 
 def prompts_for(config, prompts): return prompts[:NUM_PROMPTS.get(config, len(prompts))]
