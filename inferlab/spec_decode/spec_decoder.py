@@ -72,7 +72,7 @@ class SpecDecoder:
         self.hidden: dict[int, torch.Tensor] = {}        # seq_id -> final-norm hidden state of its newest token
         self.draft_probs: dict[int, torch.Tensor | None] = {}
         self.num_draft_tokens = self.num_accepted_tokens = self.num_verify_steps = self.num_emitted = 0
-        self.drafted_at, self.accepted_at = [0] * self.k, [0] * self.k
+        self.accepted_at = [0] * self.k
 
     def release(self, seq: Sequence):
         "Forget `seq`'s drafts and state (finished, aborted or preempted); the proposer frees what it holds."
@@ -182,7 +182,6 @@ def _tally(self: SpecDecoder, drafted: int, kept: int):
     if not drafted: return
     self.num_verify_steps += 1; self.num_draft_tokens += drafted; self.num_accepted_tokens += kept
     self.num_emitted += kept + 1
-    for j in range(drafted): self.drafted_at[j] += 1
     for j in range(kept): self.accepted_at[j] += 1
 
 @patch
@@ -191,7 +190,9 @@ def stats(self: SpecDecoder) -> dict:
     return dict(method=self.proposer.method, num_speculative_tokens=self.k, num_draft_tokens=self.num_draft_tokens,
                 num_accepted_tokens=self.num_accepted_tokens,
                 acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
-                acceptance_rate_per_position=[a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+                # vLLM's definition: accepted at position j per verification, so the rates fall along the draft
+                # (j is reached only through 1..j-1) and 1 + their sum is the mean accepted length
+                acceptance_rate_per_position=[a / max(self.num_verify_steps, 1) for a in self.accepted_at],
                 mean_accepted_length=self.num_emitted / self.num_verify_steps if self.num_verify_steps else 0.0)
 
 # %% ../../nbs/34_spec_decoder.ipynb #46c80b5d

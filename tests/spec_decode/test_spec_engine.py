@@ -85,16 +85,16 @@ def test_no_leaks_with_aborts_and_preemption(method, target, tok, prompts):
     assert eng.stats()["preemptions"] > 0
     eng.check_idle()
 
-def test_stats_fields(target, tok, prompts):
-    # one request at a time: every verification drafts k (with four running, drafts are cut to fit the CPU decode
-    # path, and per-position rates over verifications of different lengths need not fall along the draft)
-    eng = spec_engine(target, tok, EngineConfig(max_num_seqs=1), METHODS["ngram"])
+@pytest.mark.parametrize("max_num_seqs", [1, 4])     # at 4, drafts are cut to fit the CPU decode path: mixed lengths
+def test_stats_fields(target, tok, prompts, max_num_seqs):
+    eng = spec_engine(target, tok, EngineConfig(max_num_seqs=max_num_seqs), METHODS["ngram"])
     run(eng, prompts[:8])
     s = eng.stats()
     assert s["num_accepted_tokens"] <= s["num_draft_tokens"] and len(s["acceptance_rate_per_position"]) == 4
     assert s["acceptance_rate"] == pytest.approx(s["num_accepted_tokens"] / s["num_draft_tokens"])
-    rates = s["acceptance_rate_per_position"]
+    rates = s["acceptance_rate_per_position"]          # vLLM's: accepted at position j per verification
     assert all(a >= b for a, b in zip(rates, rates[1:]))    # position j is reached only if 1..j-1 were accepted
+    assert 1 + sum(rates) == pytest.approx(s["mean_accepted_length"])   # the accepted drafts and the bonus token
 
 def test_max_tokens_and_stop_respected(target, tok, prompts):
     "Tokens a verification emits past max_tokens or a stop token are dropped."
