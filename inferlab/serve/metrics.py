@@ -55,10 +55,14 @@ class ServerMetrics:
         self._queue = Gauge(PREFIX + "num_requests_in_flight", "Requests in flight per worker role", lab + ["role"],
                             registry=r)
         self._moved = (0, 0)
-        # speculative decoding (chapter 34), vLLM's names: drafts proposed and accepted
+        # speculative decoding (chapter 34), vLLM's names: verifications, draft tokens, accepted (also per position)
         self.spec_drafts = c("spec_decode_num_draft_tokens", "Draft tokens proposed and verified")
         self.spec_accepted = c("spec_decode_num_accepted_tokens", "Draft tokens accepted")
-        self._spec = (0, 0)
+        self.spec_verifications = c("spec_decode_num_drafts", "Drafts verified (one per sequence and step)")
+        self.spec_draft_seconds = c("spec_decode_draft_seconds", "Seconds the proposer spent drafting")
+        self._spec_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                 "Draft tokens accepted at each draft position", lab + ["position"], registry=r)
+        self._spec = {}
 
 # %% ../../nbs/52_metrics.ipynb #509ea54a
 @patch
@@ -71,10 +75,7 @@ def observe_step(self: ServerMetrics, engine, outputs):
     if q: self.prefix_queries.inc(q); self.prefix_hits.inc(hits)
     self._prefix = (s["prefix_query_tokens"], s["prefix_hit_tokens"])
     if "kv_transfer_bytes" in s: self._observe_transfers(s)
-    if "num_draft_tokens" in s:
-        self.spec_drafts.inc(s["num_draft_tokens"] - self._spec[0])
-        self.spec_accepted.inc(s["num_accepted_tokens"] - self._spec[1])
-        self._spec = (s["num_draft_tokens"], s["num_accepted_tokens"])
+    if "num_draft_tokens" in s: self._observe_speculation(s)
     for out in outputs: self._observe_output(out, now)
 
 @patch
@@ -114,6 +115,20 @@ def finished(self: ServerMetrics, reason: str) -> float:
 def exposition(self: ServerMetrics) -> tuple[bytes, str]:
     "The text `/metrics` serves, and its content type."
     return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+# %% ../../nbs/52_metrics.ipynb #39b30446
+@patch
+def _observe_speculation(self: ServerMetrics, s: dict):
+    "The speculation counters' growth since the last step (a router passes on only drafts and accepted tokens)."
+    def grow(counter, key, value):
+        if value is None: return
+        counter.inc(value - self._spec.get(key, 0)); self._spec[key] = value
+    grow(self.spec_drafts, "draft", s["num_draft_tokens"])
+    grow(self.spec_accepted, "accepted", s["num_accepted_tokens"])
+    grow(self.spec_verifications, "drafts", s.get("num_drafts"))
+    grow(self.spec_draft_seconds, "secs", s.get("draft_seconds"))
+    for j, n in enumerate(s.get("num_accepted_tokens_per_pos", [])):
+        grow(self._spec_pos.labels(self.model_name, str(j)), ("pos", j), n)
 
 # %% ../../nbs/52_metrics.ipynb #6e3ae820
 def histogram_quantile(q: float, hist) -> float:

@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/spec_decoder.html.md"""
 
 # %% ../../nbs/34_spec_decoder.ipynb #da73edfb
 from __future__ import annotations
-import dataclasses
+import dataclasses, time
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -72,6 +72,7 @@ class SpecDecoder:
         self.hidden: dict[int, torch.Tensor] = {}        # seq_id -> final-norm hidden state of its newest token
         self.draft_probs: dict[int, torch.Tensor | None] = {}
         self.num_draft_tokens = self.num_accepted_tokens = self.num_verify_steps = self.num_emitted = 0
+        self.num_propose_steps, self.draft_seconds = 0, 0.0      # steps that drafted, and the time the proposer took
         self.accepted_at = [0] * self.k
 
     def release(self, seq: Sequence):
@@ -120,8 +121,10 @@ def propose(self: SpecDecoder, engine: LLMEngine):
     seqs, ks = [s for s, k in zip(seqs, ks) if k], [k for k in ks if k]
     if not seqs: return
     hidden = [self.hidden.get(s.seq_id) for s in seqs] if self.uses_hidden else None
+    t0 = time.perf_counter()
     with engine.runner.threads_for(decode=True):      # the step's pool sizes: torch and BLAS threads do not fight
         drafts = self.proposer.propose(seqs, ks, hidden)
+    self.draft_seconds += time.perf_counter() - t0; self.num_propose_steps += 1
     for seq, k, d in zip(seqs, ks, drafts):
         seq.draft_token_ids = list(d.tokens[:k])
         self.draft_probs[seq.seq_id] = None if d.probs is None else d.probs[:k]
@@ -186,9 +189,12 @@ def _tally(self: SpecDecoder, drafted: int, kept: int):
 
 @patch
 def stats(self: SpecDecoder) -> dict:
-    "vLLM's speculation counters: drafts, accepted, acceptance per position, tokens per verification."
+    """vLLM's speculation counters (drafts, draft tokens, accepted tokens, per position), the rates they give, and
+    what drafting cost: seconds in the proposer, in all and per step that drafted."""
     return dict(method=self.proposer.method, num_speculative_tokens=self.k, num_draft_tokens=self.num_draft_tokens,
-                num_accepted_tokens=self.num_accepted_tokens,
+                num_accepted_tokens=self.num_accepted_tokens, num_drafts=self.num_verify_steps,
+                num_accepted_tokens_per_pos=list(self.accepted_at), draft_seconds=self.draft_seconds,
+                draft_seconds_per_step=self.draft_seconds / max(self.num_propose_steps, 1),
                 acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
                 # vLLM's definition: accepted at position j per verification, so the rates fall along the draft
                 # (j is reached only through 1..j-1) and 1 + their sum is the mean accepted length

@@ -95,6 +95,10 @@ def test_stats_fields(target, tok, prompts, max_num_seqs):
     rates = s["acceptance_rate_per_position"]          # vLLM's: accepted at position j per verification
     assert all(a >= b for a, b in zip(rates, rates[1:]))    # position j is reached only if 1..j-1 were accepted
     assert 1 + sum(rates) == pytest.approx(s["mean_accepted_length"])   # the accepted drafts and the bonus token
+    # the raw counters behind them (vLLM's metrics), and what drafting cost
+    assert sum(s["num_accepted_tokens_per_pos"]) == s["num_accepted_tokens"] and s["num_drafts"] > 0
+    assert rates == [a / s["num_drafts"] for a in s["num_accepted_tokens_per_pos"]]
+    assert 0 < s["draft_seconds_per_step"] <= s["draft_seconds"]
 
 def test_max_tokens_and_stop_respected(target, tok, prompts):
     "Tokens a verification emits past max_tokens or a stop token are dropped."
