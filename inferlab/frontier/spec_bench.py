@@ -22,7 +22,8 @@ _LOOKUP = {"prompt_lookup_min": 3, "prompt_lookup_max": 6}
 SPEC_BENCH_METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 5, **_LOOKUP},
                       "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
                       "medusa": {"method": "medusa", "num_speculative_tokens": 2},
-                      "rest": {"method": "rest", "num_speculative_tokens": 5, **_LOOKUP}}
+                      "rest": {"method": "rest", "num_speculative_tokens": 5, **_LOOKUP},
+                      "suffix": {"method": "suffix"}}     # k: the tree depth, cut to the CPU decode path (7 at batch 1)
 
 def code_prompts(n: int = 12, lo: int = 128, hi: int = 384, seed: int = 1) -> list[list[int]]:
     "`n` prompts cut from the held-out code of the corpus, lengths uniform in [lo, hi] tokens."
@@ -53,15 +54,17 @@ def decode_seconds(engine, prompts, max_tokens=64, batch: int | None = 1) -> tup
 def spec_batch1(model, tokenizer, prompts, methods=tuple(SPEC_BENCH_METHODS), source=None, rounds: int = 3,
                 max_tokens: int = 64) -> dict:
     """Per method (and `none`): median tokens/s over `rounds` alternating passes over `prompts` at batch 1, and the
-    engine's speculation statistics."""
-    engines = {m: make_engine(model, tokenizer, None if m == "none" else m, source, max_num_seqs=1)
-               for m in ("none", *methods)}
-    for e in engines.values(): decode_seconds(e, prompts[:1], 8)              # warm-up: pools, caches
-    rates = {m: [] for m in engines}
+    speculation statistics of a pass. Each pass runs on a fresh engine: what a method remembers across requests (the
+    prefix cache, suffix decoding's cached outputs) must not carry one round's identical prompts into the next."""
+    order = ("none", *methods)
+    blocks = 2 * (max(map(len, prompts)) + max_tokens) // 16 + 8       # twice the longest request: quick to build
+    rates, stats = {m: [] for m in order}, {}
     for r in range(rounds):
-        for m in (list(engines) if r % 2 == 0 else list(engines)[::-1]):   # alternate the order: no seat is favoured
-            n, s = decode_seconds(engines[m], prompts, max_tokens); rates[m].append(n / s)
-    return {m: dict(rate=statistics.median(rates[m]), rates=rates[m], stats=engines[m].stats()) for m in engines}
+        for m in (order if r % 2 == 0 else order[::-1]):                # alternate the order: no seat is favoured
+            e = make_engine(model, tokenizer, None if m == "none" else m, source, max_num_seqs=1, num_kv_blocks=blocks)
+            decode_seconds(e, [list(range(8, 24))], 8)                   # warm-up on a prompt of none of the texts
+            n, s = decode_seconds(e, prompts, max_tokens); rates[m].append(n / s); stats[m] = e.stats()
+    return {m: dict(rate=statistics.median(rates[m]), rates=rates[m], stats=stats[m]) for m in order}
 
 def spec_full_batch(model, tokenizer, prompts, method: str = "ngram", disable_by_batch_size: int = 4, source=None,
                     rounds: int = 3, max_tokens: int = 64) -> dict:

@@ -18,6 +18,7 @@ from ..engine.llm_engine import LLMEngine
 from .rejection import verify_batch
 from .proposers import (Proposer, NgramProposer, DraftModelProposer, RestProposer, check_vocab,
                                             load_datastore)
+from .suffix import SuffixProposer
 from .medusa import MedusaProposer, load_medusa, default_medusa_path
 
 # %% auto #0
@@ -25,23 +26,29 @@ __all__ = ['SPEC_METHODS', 'SpeculativeConfig', 'SpecDecoder', 'fit_to_path', 'r
            'add_speculation']
 
 # %% ../../nbs/34_spec_decoder.ipynb #c011af5f
-SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest")
+SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest", "suffix")
 
 @dataclass
 class SpeculativeConfig:
     method: str
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None   # k; None: 4, or the tree depth for suffix decoding (vLLM's)
     model: str | None = None                 # draft model (draft_model) or heads (medusa) directory or shipped name
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int | None = None # no drafts while more than this many requests run (>= 2)
     datastore: str | None = None             # rest: a UTF-8 text file (default: the shipped corpus, for shipped models)
+    suffix_decoding_max_tree_depth: int = 24          # suffix: the longest n-gram the trees count
+    suffix_decoding_max_cached_requests: int = 10_000 # suffix: outputs kept in the global tree, oldest dropped
+    suffix_decoding_max_spec_factor: float = 1.0      # suffix: at most this many drafts per matched token
+    suffix_decoding_min_token_prob: float = 0.1       # suffix: stop drafting below this estimated probability
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
             hint = (" (EAGLE is not built here; the learned head is 'medusa', chapter 33)" if self.method == "eagle"
                     else "")
             raise ValueError(f"method: {self.method!r} is not supported; valid: {', '.join(SPEC_METHODS)}{hint}")
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = self.suffix_decoding_max_tree_depth if self.method == "suffix" else 4
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"num_speculative_tokens: must be an integer >= 1, got {k!r}")
@@ -52,6 +59,15 @@ class SpeculativeConfig:
         if self.method in ("ngram", "rest"): NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)
         if self.datastore is not None and self.method != "rest":
             raise ValueError(f"datastore: only the 'rest' method reads a datastore, not {self.method!r}")
+        if self.method == "suffix": SuffixProposer(*self.suffix_args())
+        else:
+            for f in dataclasses.fields(self):
+                if f.name.startswith("suffix_") and getattr(self, f.name) != f.default:
+                    raise ValueError(f"{f.name}: only the 'suffix' method reads it, not {self.method!r}")
+
+    def suffix_args(self) -> tuple:
+        return (self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests,
+                self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob)
 
     @classmethod
     def from_dict(cls, d) -> "SpeculativeConfig":
@@ -212,6 +228,7 @@ def make_proposer(spec: SpeculativeConfig, engine: LLMEngine, source: str | Path
     "The proposer a configuration asks for, checked against the engine's model (`source`: where its checkpoint is)."
     target = engine.model
     if spec.method == "ngram": return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "suffix": return SuffixProposer(*spec.suffix_args())
     if spec.method == "rest":
         path = spec.datastore or default_datastore(source)
         if path is None:

@@ -12,7 +12,7 @@ from inferlab.model.sampling import SamplingParams
 from inferlab.spec_decode.spec_decoder import add_speculation
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
-QUANT, KV, SPEC = (None, "fp8", "w4a16"), (None, "fp8"), (None, "ngram", "draft_model")
+QUANT, KV, SPEC = (None, "fp8", "w4a16"), (None, "fp8"), (None, "ngram", "draft_model", "suffix")
 PAR = {"1 process": {}, "TP=2": dict(tensor_parallel_size=2), "DP=2": dict(data_parallel_size=2)}
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def check(model, quant, kv, methods, par, prompts) -> dict:
     return got
 
 COVER = [("fp8", "fp8", ("ngram",), "TP=2"), ("w4a16", None, ("draft_model",), "TP=2"),
-         (None, "fp8", ("draft_model",), "DP=2"), ("w4a16", "fp8", (None, "ngram"), "DP=2")]
+         (None, "fp8", ("draft_model",), "DP=2"), ("w4a16", "fp8", (None, "ngram", "suffix"), "DP=2")]
 
 @pytest.mark.parametrize("quant,kv,methods,par", COVER, ids=["-".join(map(str, c[:2])) + f"-{c[3]}" for c in COVER])
 def test_a_cover_of_the_matrix(quant, kv, methods, par, prompts, no_stray_processes):
@@ -75,4 +75,4 @@ def test_the_whole_matrix(prompts, no_stray_processes):
     print(f"\n{'quantization':16} {'KV':5} {'speculation':12} {'parallelism':11} greedy tokens = one process ({len(prompts)} prompts)")
     for quant, kv, m, par, ok in rows:
         print(f"{str(quant):16} {str(kv):5} {str(m):12} {par:11} {'equal' if ok else 'DIFFER'}")
-    assert len(rows) == 3 * 2 * 3 * 3 + 6 and all(r[-1] for r in rows)
+    assert len(rows) == 3 * 2 * 3 * 4 + 8 and all(r[-1] for r in rows)

@@ -12,6 +12,7 @@ from inferlab.spec_decode.spec_decoder import SpecDecoder, SpeculativeConfig
 from inferlab.spec_decode.proposers import NgramProposer
 from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, TokenDatastore
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
+from inferlab.spec_decode.suffix import SuffixProposer
 from inferlab.model.random_weights import random_model
 
 RUNS, POSITIONS, ALPHA = 12_000, 3, 0.001
@@ -93,6 +94,7 @@ def proposer(method, target):
         sp, V = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), CFG.vocab_size
         text = [t for a in range(V) for b in range(V) for t in [a, b] + generate(target, None, [a, b], sp)[0].token_ids]
         return RestProposer(TokenDatastore(text), prompt_lookup_min=4, prompt_lookup_max=6, min_occurrences=1)
+    if method == "suffix": return SuffixProposer()          # its global index learns from every run before
     return None                                             # ngram: built from the configuration
 
 @pytest.fixture(scope="module")
@@ -124,8 +126,10 @@ def worst(counts, exact, test=goodness_of_fit):
 
 fmt = lambda figs: "; ".join(f"pos {j + 1}: {st:.1f} (dof {d}, limit {lim:.1f})" for j, (st, d, lim) in enumerate(figs))
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest"])
+# suffix decoding's drafts are point masses verified as n-gram's are: one setting checks what differs, its drafts
+CASES = [(m, s) for m in ("ngram", "draft_model", "medusa", "rest") for s in SETTINGS] + [("suffix", "T=1.0")]
+
+@pytest.mark.parametrize("method,setting", CASES)
 def test_same_distribution(method, setting, target, exact, plain):
     eng = spec_engine(method, target)
     counts = first_tokens(eng, prompt_of(target), SETTINGS[setting], 1_000_000)
