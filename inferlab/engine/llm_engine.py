@@ -63,6 +63,7 @@ class EngineConfig:
 class Speculator(Protocol):
     "The part that speculates (chapter 34): drafts before the schedule, verification after the forward pass."
     uses_hidden: bool                          # verification needs the rows' final hidden states (learned heads)
+    aux_layers: tuple                          # verification needs these layers' inputs at every row (EAGLE-3)
     def propose(self, engine: "LLMEngine") -> None: ...
     def verify(self, engine: "LLMEngine", batch: ScheduledBatch, samplers: list, logits, hidden) -> list: ...
     def release(self, seq: Sequence) -> None: ...
@@ -317,6 +318,8 @@ def plan(self: LLMEngine) -> ScheduledBatch:
 def execute(self: LLMEngine, batch: ScheduledBatch):
     "The runner's `(samplers, logits, hidden)` for `batch`, or the exception it raised."
     try:
+        aux = self.speculator.aux_layers if self.speculator is not None else ()
+        if aux: return self.runner.execute(batch, aux_layers=aux)     # (samplers, logits, [T, n * hidden])
         hidden = self._wants_hidden()
         samplers, logits, *hidden = self.runner.execute(batch,
                                                         return_hidden=True) if hidden else self.runner.execute(batch)

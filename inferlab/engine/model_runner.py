@@ -247,8 +247,8 @@ class NumpyDecoder:
 # %% ../../nbs/15_model_runner.ipynb #300879c0
 @patch
 def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tensor,
-             meta: AttentionMetadata) -> torch.Tensor:
-    "Final-norm hidden states `[B, hidden]` for a decode-only step: token i of sequence i at `positions[i]`."
+             meta: AttentionMetadata, aux_layers=()):
+    "Final-norm hidden states `[B, hidden]` of a decode-only step (and with `aux_layers`, as the torch path)."
     H, Hkv, D = self.H, self.Hkv, self.D
     B, bs = token_ids.shape[0], self.k[0].shape[1]
     cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)          # the torch path's tables [B, D]
@@ -257,8 +257,9 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     tables = meta.decode_block_tables.numpy()
     # verify rows of one sequence: one group
     groups = _row_groups(tables, lens)
-    x = self.embed[token_ids.numpy()]                                          # [B, hidden]
+    x, aux = self.embed[token_ids.numpy()], []                                 # [B, hidden]
     for i, w in enumerate(self.layers):
+        if i in aux_layers: aux.append(x)                                      # x is rebound below, never written
         y = few_rows_matmul(_np_rms_norm(x, w["ln1"], self.eps), w["qkv"])     # [B, (H + 2 Hkv) D]
         if w["qkv_b"] is not None: y += w["qkv_b"]
         y = y.reshape(B, H + 2 * Hkv, D)
@@ -290,7 +291,8 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
         gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
         with np.errstate(over="ignore"):                                       # exp(-gate) = inf: silu → -0
             x = x + few_rows_matmul(gate / (1 + np.exp(-gate)) * up, w["down"])
-    return torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
+    h = torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
+    return (h, torch.from_numpy(np.concatenate(aux, -1))) if aux_layers else h
 
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:
@@ -314,11 +316,11 @@ class ModelRunner:
         self.graphs_off = "enforce_eager" if enforce_eager else graphs_unsupported(model, self.kv_cache, self.attention)
         self.cuda_graphs = None if self.graphs_off else DecodeGraphs(self.hidden_states, model, self.kv_cache)
 
-    def execute(self, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
+    def execute(self, batch: ScheduledBatch, return_hidden: bool = False, aux_layers=()) -> tuple:
         """One forward pass: (sequences that sample, their logits `[R, vocab]` float32), R = the batch's sampled
         positions (`batch.num_sampled`: one per sampling sequence, k+1 with speculation); `return_hidden`: also their
-        hidden states."""
-        with self.step_threads(batch): return self._execute(batch, return_hidden)   # pools given back when it ends
+        hidden states; `aux_layers`: instead, the residual stream entering those layers at *every* packed row."""
+        with self.step_threads(batch): return self._execute(batch, return_hidden, aux_layers)   # pools given back
 
     def step_threads(self, batch: ScheduledBatch):
         """The CPU pool sizes for `batch`'s step (decode-sized: BLAS threads; else torch's). The engine holds them over
@@ -335,31 +337,32 @@ class ModelRunner:
 
 # %% ../../nbs/15_model_runner.ipynb #493c2652
 @patch
-def _execute(self: ModelRunner, batch: ScheduledBatch, return_hidden: bool = False) -> tuple:
+def _execute(self: ModelRunner, batch: ScheduledBatch, return_hidden: bool = False, aux_layers=()) -> tuple:
     ids, pos, meta, logits_idx, samplers = prepare_batch(batch, self.block_size, self.device)
-    h, logits = self.forward(ids, pos, meta, logits_idx, bool(samplers))
-    return (samplers, logits, h) if return_hidden else (samplers, logits)  # [R, vocab], [R, hidden]
+    h, logits, *aux = self.forward(ids, pos, meta, logits_idx, bool(samplers), aux_layers)   # aux: [T, n * hidden]
+    return (samplers, logits, *aux) if aux_layers else (samplers, logits, h) if return_hidden else (samplers, logits)
 
 @patch
 @torch.inference_mode()
-def forward(self: ModelRunner, ids, pos, meta: AttentionMetadata, logits_idx, sample: bool = True) -> tuple:
+def forward(self: ModelRunner, ids, pos, meta, logits_idx, sample: bool = True, aux_layers=()) -> tuple:
     """A packed step: (hidden `[R, hidden]`, logits `[R, vocab]` float32) of the sampled rows; each TP rank runs it
-    (ch. 43)."""
-    if self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
+    (ch. 43). `aux_layers`: a third entry, the residual stream entering those layers at every row `[T, n * hidden]`."""
+    if not aux_layers and self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
         pass                                                                  # replayed (None: not a graph step)
     elif self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
-        h = self.numpy_decoder(ids, pos, meta)                                # [T, hidden]
-    else: h = self.hidden_states(ids, pos, meta)
+        h = self.numpy_decoder(ids, pos, meta, aux_layers)                    # [T, hidden] (, [T, n * hidden])
+    else: h = self.hidden_states(ids, pos, meta, aux_layers)
+    h, *aux = h if aux_layers else (h,)
     if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
     logits = self.model.lm_head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size,
                                                                       dtype=torch.float32)
-    return h, logits
+    return (h, logits, *aux)
 
 @patch
-def hidden_states(self: ModelRunner, ids, pos, meta: AttentionMetadata) -> torch.Tensor:
-    "The model's eager forward over a packed step: final-norm hidden states `[T, hidden]`."
-    return self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention),
-                                    check_ids=False)[0]
+def hidden_states(self: ModelRunner, ids, pos, meta: AttentionMetadata, aux=()):
+    "The model's eager forward over a packed step: final-norm hidden states `[T, hidden]` (and layers `aux`' inputs)."
+    o = self.model.hidden_states(ids[None], pos, AttentionContext(self.kv_cache, meta, self.attention), False, aux)
+    return (o[0][0], o[1][0]) if aux else o[0]                               # check_ids False: checked at admission
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """One token per row of `logits [R, vocab]`: row r samples with `seqs[r]`'s params and generator (chapter 05's

@@ -6,16 +6,19 @@ Docs: https://inferlab.github.io/inferlab/spec_bench.html.md"""
 
 # %% ../../nbs/73_spec_bench.ipynb #72768685
 from __future__ import annotations
-import statistics, time
+import random, statistics, time
 from ..model.config import shipped_model_path
+from ..model.hardware import gpu_spec
+from ..fleet.replica import replica_from_roofline
 from ..model.sampling import SamplingParams
 from ..engine.llm_engine import LLMEngine, EngineConfig
 from ..spec_decode.spec_decoder import add_speculation, default_datastore
 from .bench import corpus_token_ids, text_workload
 
 # %% auto #0
-__all__ = ['SPEC_BENCH_METHODS', 'code_prompts', 'make_engine', 'decode_seconds', 'spec_batch1', 'spec_full_batch',
-           'run_spec_bench', 'main']
+__all__ = ['SPEC_BENCH_METHODS', 'GPU_DRAFTERS', 'code_prompts', 'make_engine', 'decode_seconds', 'spec_batch1',
+           'spec_full_batch', 'acceptance_side_by_side', 'editing_prompts', 'spec_editing', 'predict_spec_speedup',
+           'max_batch', 'stops_paying', 'run_spec_bench', 'main']
 
 # %% ../../nbs/73_spec_bench.ipynb #4be82315
 _LOOKUP = {"prompt_lookup_min": 3, "prompt_lookup_max": 6}
@@ -23,7 +26,8 @@ SPEC_BENCH_METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 5, 
                       "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
                       "medusa": {"method": "medusa", "num_speculative_tokens": 2},
                       "rest": {"method": "rest", "num_speculative_tokens": 5, **_LOOKUP},
-                      "suffix": {"method": "suffix"}}     # k: the tree depth, cut to the CPU decode path (7 at batch 1)
+                      "suffix": {"method": "suffix"},     # k: the tree depth, cut to the CPU decode path (7 at batch 1)
+                      "eagle3": {"method": "eagle3", "num_speculative_tokens": 4}}
 
 def code_prompts(n: int = 12, lo: int = 128, hi: int = 384, seed: int = 1) -> list[list[int]]:
     "`n` prompts cut from the held-out code of the corpus, lengths uniform in [lo, hi] tokens."
@@ -82,6 +86,98 @@ def spec_full_batch(model, tokenizer, prompts, method: str = "ngram", disable_by
             n, s = decode_seconds(e, prompts, lens, batch=None); rates[m].append(n / s); stats[m] = e.stats()
     return {m: dict(rate=statistics.median(rates[m]), stats=stats[m]) for m in make}
 
+# %% ../../nbs/73_spec_bench.ipynb #c0c51842
+def acceptance_side_by_side(model, tokenizer, prompts, k: int = 4, methods=tuple(SPEC_BENCH_METHODS), source=None,
+                            max_tokens: int = 64) -> dict:
+    """Per method: the engine's speculation statistics after greedy decoding of `prompts` at batch 1 with k drafts,
+    `tokens_per_pass` (decoded tokens per target pass, the passes without drafts counted) and `drafted` (the share of
+    passes that verified drafts)."""
+    out = {}
+    for m in methods:
+        spec = {**SPEC_BENCH_METHODS[m], "num_speculative_tokens": k}
+        e = add_speculation(LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=1)), spec, source)
+        n, _ = decode_seconds(e, prompts, max_tokens)
+        s, decoded = e.stats(), n - len(prompts)                  # each request's first token came from its prefill
+        verified = s["mean_accepted_length"] * s["num_drafts"]   # tokens the verifications emitted
+        passes = s["num_drafts"] + decoded - verified              # verifications and plain decode steps
+        out[m] = s | dict(tokens_per_pass=decoded / passes, drafted=s["num_drafts"] / passes)
+    return out
+
+# %% ../../nbs/73_spec_bench.ipynb #1109d958
+def editing_prompts(n: int = 16, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """An agent's two turns over `n` pieces of the corpus's held-out code: (first, edited). Each piece starts at a
+    line and runs 48-160 tokens; its edited copy lacks the first line, as a next turn or a regeneration sends it."""
+    from inferlab.model.tokenizer import load_tokenizer
+    ids, nl = corpus_token_ids(), load_tokenizer(shipped_model_path("tiny-dense")).encode("\n")[0]
+    rng, first = random.Random(seed), []
+    for _ in range(n):
+        s = rng.randrange(0, len(ids) - 400)
+        s += ids[s:].index(nl) + 1                                           # the next line start
+        first.append(ids[s:s + rng.randint(48, 160)])
+    return first, [p[p.index(nl) + 1:] if nl in p[:-1] else p[1:] for p in first]
+
+def _turn_accepted_length(before: dict, after: dict) -> float:
+    "Mean accepted length over the verifications between two `stats()` snapshots."
+    n = after["num_drafts"] - before["num_drafts"]
+    emitted = lambda s: s["mean_accepted_length"] * s["num_drafts"]
+    return (emitted(after) - emitted(before)) / n if n else 0.0
+
+def spec_editing(model, tokenizer, first, edited, methods=("ngram", "suffix"), source=None, rounds: int = 3,
+                 max_tokens: int = 64) -> dict:
+    """Both turns of an editing loop at batch 1, per method (and `none`): a fresh engine per round decodes `first`,
+    then `edited`. Returns median tokens/s of each turn and the edited turn's mean accepted length."""
+    order = ("none", *methods)
+    blocks = 2 * (max(map(len, first)) + max_tokens) // 16 + 8
+    rates, accepted = {m: {"first": [], "edited": []} for m in order}, {}
+    for r in range(rounds):
+        for m in (order if r % 2 == 0 else order[::-1]):
+            e = make_engine(model, tokenizer, None if m == "none" else m, source, max_num_seqs=1, num_kv_blocks=blocks)
+            decode_seconds(e, [list(range(8, 24))], 8)                   # warm-up on a prompt of none of the texts
+            n, s = decode_seconds(e, first, max_tokens); rates[m]["first"].append(n / s)
+            before = e.stats() if m != "none" else None
+            n, s = decode_seconds(e, edited, max_tokens); rates[m]["edited"].append(n / s)
+            if before is not None: accepted[m] = _turn_accepted_length(before, e.stats())
+    return {m: {t: statistics.median(v) for t, v in rates[m].items()} | dict(accepted_length=accepted.get(m, 1.0))
+            for m in order}
+
+# %% ../../nbs/73_spec_bench.ipynb #44ad1d33
+def _eagle3_weights(d=4096, heads=32, kv_heads=8, head_dim=128, inter=14336, draft_vocab=32_000) -> int:
+    "An EAGLE-3 drafter for Llama-3-8B: fc (3d -> d), q/k/v from 2d, o, MLP, and its 32K-token LM head."
+    return (3 * d * d + 2 * d * (heads + 2 * kv_heads) * head_dim + heads * head_dim * d + 3 * d * inter
+            + draft_vocab * d)
+
+GPU_DRAFTERS = {           # method -> (weights one draft pass reads for a Llama-3-8B target, passes: "k" or a count)
+    "ngram": (0, 0), "rest": (0, 0), "suffix": (0, 0),                         # CPU lookups: no GPU pass
+    "draft_model": (1.24e9, "k"),                                               # Llama-3.2-1B, one pass per draft
+    "medusa": (4 * 4096 ** 2 + 128_256 * 4096, 1),                              # 4 heads + the LM head, once
+    "eagle3": (_eagle3_weights(), "k"),
+}
+
+def predict_spec_speedup(method: str, per_position, batch: int = 1, drafted: float = 1.0, context: int = 1024,
+                         gpu: str = "H100", cpu_draft_s: float = 0.0, pass_overhead_s: float = 1e-4) -> float:
+    """Predicted decode speedup of `method` at `batch` on Llama-3-8B (bf16) on one `gpu`, roofline steps. A share
+    `drafted` of target passes verifies k drafts (1 + the per-position acceptance tokens, for a verification and the
+    drafting); the rest are plain steps (prompt lookup found nothing). `cpu_draft_s`: CPU time every pass pays."""
+    spec, g = replica_from_roofline(gpu, "llama-3-8b"), gpu_spec(gpu)
+    bw, flops = g.mem_gbps * 1e9 * 0.7, g.bf16_tflops * 1e12 * 0.5           # chapter 62's efficiencies
+    k, (weights, passes) = len(per_position), GPU_DRAFTERS[method]
+    n = k if passes == "k" else passes
+    draft = n * (pass_overhead_s + 2 * weights / bw + 2 * weights * batch / flops)
+    plain = spec.step.decode_time(batch * context, batch)
+    verify = spec.step.decode_time(batch * context, batch * (k + 1))
+    tokens = drafted * (1 + sum(per_position)) + (1 - drafted)
+    return tokens * plain / (drafted * (verify + draft) + (1 - drafted) * plain + cpu_draft_s)
+
+def max_batch(context: int = 1024, gpu: str = "H100") -> int:
+    "The most requests of `context` tokens whose KV fits beside Llama-3-8B's weights on one `gpu` (chapter 62)."
+    return replica_from_roofline(gpu, "llama-3-8b").kv_capacity_tokens // context
+
+def stops_paying(method: str, per_position, context: int = 1024, gpu: str = "H100", **kw) -> int | None:
+    "The smallest power-of-two batch at which `method` is predicted slower than none (None: not while the KV fits)."
+    batches = [2 ** i for i in range(20) if 2 ** i <= max_batch(context, gpu)]
+    return next((b for b in batches if predict_spec_speedup(method, per_position, b, context=context, gpu=gpu,
+                                                            **kw) < 1), None)
+
 # %% ../../nbs/73_spec_bench.ipynb #b40deaed
 def run_spec_bench(seed: int = 1, rounds: int = 3, log=print) -> list[dict]:
     "The speculation rows of `inferlab bench`; returns them as dicts (metric, peer = no speculation, ours, ratio)."
@@ -104,6 +200,14 @@ def run_spec_bench(seed: int = 1, rounds: int = 3, log=print) -> list[dict]:
         row(f"batch-1 decode, {m} (k={s['num_speculative_tokens']})", r["none"]["rate"], r[m]["rate"],
             f"acceptance {s['acceptance_rate']:.0%} (per position {per}), "
             f"{s['mean_accepted_length']:.2f} tokens per verification")
+    acc = acceptance_side_by_side(model, tok, code_prompts(12, seed=seed), 4, methods, src)
+    log("  acceptance per position at k = 4, side by side: " + "; ".join(
+        f"{m} " + "/".join(f"{a:.0%}" for a in s["acceptance_rate_per_position"]) +
+        f" ({s['mean_accepted_length']:.2f} per verification, {s['tokens_per_pass']:.2f} per target pass)"
+        for m, s in acc.items()))
+    log("  predicted on one H100 for Llama-3-8B at batch 1 (chapter 62's roofline, this acceptance): " + ", ".join(
+        f"{m} {predict_spec_speedup(m, s['acceptance_rate_per_position'], 1, s['drafted']):.2f}x"
+        for m, s in acc.items()))
     best = max(methods, key=lambda m: r[m]["rate"])
     prompts = code_prompts(32, seed=seed + 1)
     fb = spec_full_batch(model, tok, prompts, best, 4, src, rounds + 2)   # a full batch is noisier: more rounds
@@ -113,6 +217,13 @@ def run_spec_bench(seed: int = 1, rounds: int = 3, log=print) -> list[dict]:
     on = spec_full_batch(model, tok, prompts, best, 10**6, src, rounds + 2)
     row(f"batch 32, {best}, always on (for contrast)", on["none"]["rate"], on[best]["rate"],
         f"acceptance {on[best]['stats']['acceptance_rate']:.0%}")
+    first, edited = editing_prompts(16, seed=seed)
+    ed = spec_editing(model, tok, first, edited, ("ngram", "suffix"), src, rounds)
+    for m in ("ngram", "suffix"):
+        row(f"editing loop, batch 1, first turn, {m}", ed["none"]["first"], ed[m]["first"],
+            "16 pieces of held-out code, 64 tokens each")
+        row(f"editing loop, batch 1, edited turn, {m}", ed["none"]["edited"], ed[m]["edited"],
+            f"the same pieces less their first line; {ed[m]['accepted_length']:.2f} tokens per verification")
     return rows
 
 def main(argv=None):

@@ -59,8 +59,10 @@ class CausalLM(nn.Module):
         if bool(bad.any()):
             raise ValueError(f"input_ids: token id {int(input_ids[bad][0])} is outside the vocabulary [0, {V})")
 
-    def hidden_states(self, input_ids, positions=None, kv_cache=None, check_ids: bool = True):
-        "Final-norm hidden states `[b, t, d]`. `positions` `[t]` default to continuing `kv_cache`."
+    def hidden_states(self, input_ids, positions=None, kv_cache=None, check_ids: bool = True, aux_layers=()):
+        """Final-norm hidden states `[b, t, d]`. `positions` `[t]` default to continuing `kv_cache`. `aux_layers`
+        (ascending layer indices): also the residual stream entering each, `[b, t, len(aux_layers) * d]`, which is
+        what an EAGLE-3 drafter reads (chapter 35)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected shape [batch, seq], got {list(input_ids.shape)}")
         if check_ids: self.check_token_ids(input_ids)   # the engine checks once at admission (no GPU sync per step)
@@ -70,9 +72,12 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         if self._inv_freq.device != h.device: self._inv_freq = self._inv_freq.to(h.device)
         cos, sin = rope_cos_sin(self._inv_freq, positions, h.dtype)   # shared by all layers
-        for layer in self.model.layers: h = layer(h, cos, sin, positions, kv_cache)
+        aux = []
+        for i, layer in enumerate(self.model.layers):
+            if i in aux_layers: aux.append(h)
+            h = layer(h, cos, sin, positions, kv_cache)
         if kv_cache is not None: kv_cache.advance(input_ids.shape[1])
-        return self.model.norm(h)
+        return (self.model.norm(h), torch.cat(aux, -1)) if aux_layers else self.model.norm(h)
 
     def forward(self, input_ids, positions=None, kv_cache=None):
         return self.lm_head(self.hidden_states(input_ids, positions, kv_cache))

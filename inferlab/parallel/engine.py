@@ -309,11 +309,11 @@ def check_parallel(parallel: ParallelConfig, cfg, path, quantization: str | None
     align = input_block(quantization)
     shard_config(cfg, parallel.tensor_parallel_size, parallel.enable_expert_parallel, parallel.expert_parallel_size,
                  align=align)
-    if spec is not None and spec.method == "medusa":
-        raise ValueError(f"speculative_config: method 'medusa' with "
+    if spec is not None and spec.method in ("medusa", "eagle3"):
+        raise ValueError(f"speculative_config: method {spec.method!r} with "
                          f"tensor_parallel_size={parallel.tensor_parallel_size}"
                          f", data_parallel_size={parallel.data_parallel_size}: its heads read the target's whole LM "
-                         "head and hidden states, which the ranks split (use ngram, draft_model or rest)")
+                         "head and hidden states, which the ranks split (use ngram, suffix, draft_model or rest)")
     if quantization == "nvfp4" and parallel.tensor_parallel_size > 1:
         raise ValueError("quantization: 'nvfp4' with tensor_parallel_size > 1: its per-tensor scale spans the whole "
                          "weight (use mxfp4, fp8 or an int preset)")

@@ -267,8 +267,9 @@ class ParallelRunner(ModelRunner):
 
 # %% ../../nbs/43_parallel_runner.ipynb #07ee4e62
 @patch
-def execute(self: ParallelRunner, batch, return_hidden: bool = False) -> tuple:
-    if return_hidden: raise ValueError("return_hidden: not available with tensor or expert parallelism")
+def execute(self: ParallelRunner, batch, return_hidden: bool = False, aux_layers=()) -> tuple:
+    if return_hidden or aux_layers:
+        raise ValueError("return_hidden / aux_layers: not available with tensor or expert parallelism")
     ids, pos, meta, li, samplers = prepare_batch(batch, self.block_size, self.device)
     step = pack_step(ids, pos, meta, li, bool(samplers))
     return samplers, self._guard(self._run, [step])

@@ -20,17 +20,22 @@ from ..model.sampling import probs_from_logits
 from .proposers import Proposer, Draft
 
 # %% auto #0
-__all__ = ['lm_head_fingerprint', 'MedusaHeads', 'hidden_pool', 'train_medusa', 'head_hits', 'chain_acceptance',
-           'tokens_per_pass', 'save_medusa', 'load_medusa', 'default_medusa_path', 'prose_labels', 'MedusaProposer']
+__all__ = ['weight_fingerprint', 'lm_head_fingerprint', 'MedusaHeads', 'hidden_pool', 'train_medusa', 'head_hits',
+           'chain_acceptance', 'tokens_per_pass', 'save_medusa', 'load_medusa', 'default_medusa_path', 'prose_labels',
+           'MedusaProposer']
 
 # %% ../../nbs/33_medusa.ipynb #68dc3523
-def lm_head_fingerprint(target: CausalLM) -> str:
-    """16 hex digits of SHA-256 over the target's `lm_head` weight rounded to bfloat16 (and its shape): equal for
-    float32 and bfloat16 loads of one checkpoint, different for any other model."""
-    w = target.lm_head.weight.detach().to("cpu", torch.bfloat16).contiguous()   # [vocab, hidden]
+def weight_fingerprint(w: torch.Tensor) -> str:
+    """16 hex digits of SHA-256 over `w` rounded to bfloat16 (and its shape): equal for float32 and bfloat16 loads of
+    one checkpoint, different for any other weights."""
+    w = w.detach().to("cpu", torch.bfloat16).contiguous()
     digest = hashlib.sha256(str(list(w.shape)).encode())
     digest.update(w.view(torch.int16).numpy().tobytes())                          # NumPy has no bfloat16: hash the bits
     return digest.hexdigest()[:16]
+
+def lm_head_fingerprint(target: CausalLM) -> str:
+    "The fingerprint of the target's `lm_head` weight `[vocab, hidden]`: what Medusa heads are tied to."
+    return weight_fingerprint(target.lm_head.weight)
 
 class MedusaHeads(nn.Module):
     """Medusa-1 heads on a frozen target: head i (1..K) reads the final-norm hidden state h_t and predicts token t+i+1

@@ -33,6 +33,7 @@ class Proposer:
     "Proposes draft tokens for running sequences; the engine verifies them (chapter 34)."
     method: str = ""                      # the `speculative_config["method"]` that selects it
     uses_hidden: bool = False             # propose() needs the target's final-norm hidden state of the newest token
+    aux_layers: tuple = ()                # observe() needs the residual stream entering these target layers (EAGLE-3)
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int], hidden: list | None = None) -> list[Draft]:
         "At most `num_tokens[i]` drafts for `seqs[i]` (whose `token_ids` are its real tokens)."

@@ -20,19 +20,20 @@ from .proposers import (Proposer, NgramProposer, DraftModelProposer, RestPropose
                                             load_datastore)
 from .suffix import SuffixProposer
 from .medusa import MedusaProposer, load_medusa, default_medusa_path
+from .eagle3 import Eagle3Proposer, load_eagle3, default_eagle3_path
 
 # %% auto #0
 __all__ = ['SPEC_METHODS', 'SpeculativeConfig', 'SpecDecoder', 'fit_to_path', 'row_groups', 'default_datastore', 'make_proposer',
            'add_speculation']
 
 # %% ../../nbs/34_spec_decoder.ipynb #c011af5f
-SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest", "suffix")
+SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest", "suffix", "eagle3")
 
 @dataclass
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int | None = None   # k; None: 4, or the tree depth for suffix decoding (vLLM's)
-    model: str | None = None                 # draft model (draft_model) or heads (medusa) directory or shipped name
+    model: str | None = None                 # draft model, Medusa heads or EAGLE-3 drafter: directory or shipped name
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int | None = None # no drafts while more than this many requests run (>= 2)
@@ -44,7 +45,7 @@ class SpeculativeConfig:
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
-            hint = (" (EAGLE is not built here; the learned head is 'medusa', chapter 33)" if self.method == "eagle"
+            hint = (" (EAGLE-1/2 are not built here; EAGLE-3 is 'eagle3', chapter 35)" if self.method == "eagle"
                     else "")
             raise ValueError(f"method: {self.method!r} is not supported; valid: {', '.join(SPEC_METHODS)}{hint}")
         if self.num_speculative_tokens is None:
@@ -84,6 +85,7 @@ class SpecDecoder:
     forward pass (the output is distributed as the target's), and the counters vLLM reports."""
     def __init__(self, spec: SpeculativeConfig, proposer: Proposer):
         self.spec, self.proposer, self.uses_hidden = spec, proposer, proposer.uses_hidden
+        self.aux_layers = proposer.aux_layers            # EAGLE-3: the target's features at every computed position
         self.k, self.disable_by_batch_size = spec.num_speculative_tokens, spec.disable_by_batch_size
         self.hidden: dict[int, torch.Tensor] = {}        # seq_id -> final-norm hidden state of its newest token
         self.draft_probs: dict[int, torch.Tensor | None] = {}
@@ -149,6 +151,8 @@ def propose(self: SpecDecoder, engine: LLMEngine):
 @patch
 def verify(self: SpecDecoder, engine: LLMEngine, batch, samplers: list, logits: torch.Tensor, hidden) -> list:
     "Verify each sequence's k + 1 rows, append what was accepted, give the rejected slots back: the step's outputs."
+    starts = [s.num_computed_tokens for s in batch.seqs]                 # where each one's rows begin
+    drafted = [len(s.draft_token_ids) for s in batch.seqs]
     engine.scheduler.update(batch)                    # real tokens computed; drafts wait for accept() below
     engine.count(batch)
     groups = row_groups(samplers)                     # [(seq, first row, rows)]
@@ -164,10 +168,21 @@ def verify(self: SpecDecoder, engine: LLMEngine, batch, samplers: list, logits: 
             if self.uses_hidden: self.hidden[seq.seq_id] = hidden[r0 + len(toks) - 1]
         except Exception as e: engine._fail(seq, e)
         outputs.append(engine.output(seq))
+    if self.aux_layers: self._observe(batch, starts, drafted, accepted, hidden)
     for seq in batch.seqs:
         if seq.draft_token_ids: engine.scheduler.accept(seq, accepted.get(seq, 0))
         if seq.is_finished: self.release(seq)
     return outputs
+
+@patch
+def _observe(self: SpecDecoder, batch, starts: list[int], drafted: list[int], accepted: dict, aux: torch.Tensor):
+    "Hand the proposer the features of the positions that stay: every row but rejected drafts'. `aux [T, n*d]`."
+    seqs, firsts, rows, r = [], [], [], 0
+    for seq, n, s, k in zip(batch.seqs, batch.num_new_tokens, starts, drafted):
+        if not seq.is_finished:
+            seqs.append(seq); firsts.append(s); rows.append(aux[r:r + n - k + accepted.get(seq, 0)])
+        r += n
+    self.proposer.observe(seqs, firsts, rows)
 
 # %% ../../nbs/34_spec_decoder.ipynb #9831c594
 @patch
@@ -245,6 +260,12 @@ def make_proposer(spec: SpeculativeConfig, engine: LLMEngine, source: str | Path
         bm, cfg = engine.block_manager, engine.config
         extra = cfg.max_num_seqs * (bm.blocks_needed(spec.num_speculative_tokens) + 1)
         return DraftModelProposer(draft, bm.num_blocks + extra, bm.block_size)
+    if spec.method == "eagle3":
+        path = spec.model or (default_eagle3_path(source) if source else None)
+        if path is None:
+            raise ValueError("model: no EAGLE-3 drafter beside the target; give speculative_config['model'] "
+                             "(chapter 35 trains one)")
+        return Eagle3Proposer(load_eagle3(path, target))
     path = spec.model or (default_medusa_path(source) if source else None)
     if path is None:
         raise ValueError("model: no Medusa heads beside the target; give speculative_config['model'] (chapter 33 "

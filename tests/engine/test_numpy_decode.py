@@ -84,3 +84,21 @@ def test_refuses_moe_and_unpacked_models():
     from inferlab.engine.model_runner import ModelRunner
     runner = ModelRunner(load_model(dtype=torch.float32), 8)                  # not packed: torch path only
     assert runner.numpy_decoder is None
+
+def test_aux_layers_match_torch_path():
+    "EAGLE-3's features (the residual stream entering chosen layers) agree between the NumPy and the torch path."
+    model = load_model(dtype=torch.float32)
+    eng = engine_in_decode(model, [list(range(5, 5 + n)) for n in (1, 17, 40)])
+    batch = eng.scheduler.schedule()
+    ids, pos, meta, _, _ = prepare_batch(batch, eng.config.block_size)
+    cache = eng.runner.kv_cache
+    saved = [t.clone() for t in cache.k + cache.v]
+    with torch.inference_mode():
+        h_t, aux_t = eng.runner.model.hidden_states(ids[None], pos, AttentionContext(cache, meta), check_ids=False,
+                                                    aux_layers=(0, 2, 5))
+    for t, s in zip(cache.k + cache.v, saved): t.copy_(s)
+    h_n, aux_n = eng.runner.numpy_decoder(ids, pos, meta, aux_layers=(0, 2, 5))
+    d = model.config.hidden_size
+    assert aux_n.shape == (3, 3 * d) and (aux_n - aux_t[0]).abs().max() < 1e-4 and (h_n - h_t[0]).abs().max() < 1e-4
+    with torch.inference_mode(): assert torch.equal(aux_t[0, :, :d], model.model.embed_tokens(ids))   # layer 0's input
+    assert (aux_n[:, d:2 * d] - aux_n[:, 2 * d:]).abs().max() > 0.1      # the layers differ: the check can fail

@@ -13,6 +13,7 @@ from inferlab.spec_decode.proposers import NgramProposer
 from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, TokenDatastore
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
 from inferlab.spec_decode.suffix import SuffixProposer
+from inferlab.spec_decode.eagle3 import Eagle3Drafter, Eagle3Proposer
 from inferlab.model.random_weights import random_model
 
 RUNS, POSITIONS, ALPHA = 12_000, 3, 0.001
@@ -95,6 +96,11 @@ def proposer(method, target):
         text = [t for a in range(V) for b in range(V) for t in [a, b] + generate(target, None, [a, b], sp)[0].token_ids]
         return RestProposer(TokenDatastore(text), prompt_lookup_min=4, prompt_lookup_max=6, min_occurrences=1)
     if method == "suffix": return SuffixProposer()          # its global index learns from every run before
+    if method == "eagle3":                                  # random weights: drafts the target sometimes accepts
+        dr, g = Eagle3Drafter.for_target(target, (0, 1)), torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in dr.parameters(): p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1 if p.dim() == 1 else 0))
+        return Eagle3Proposer(dr)
     return None                                             # ngram: built from the configuration
 
 @pytest.fixture(scope="module")
@@ -127,7 +133,7 @@ def worst(counts, exact, test=goodness_of_fit):
 fmt = lambda figs: "; ".join(f"pos {j + 1}: {st:.1f} (dof {d}, limit {lim:.1f})" for j, (st, d, lim) in enumerate(figs))
 
 # suffix decoding's drafts are point masses verified as n-gram's are: one setting checks what differs, its drafts
-CASES = [(m, s) for m in ("ngram", "draft_model", "medusa", "rest") for s in SETTINGS] + [("suffix", "T=1.0")]
+CASES = [(m, s) for m in ("ngram", "draft_model", "medusa", "rest", "eagle3") for s in SETTINGS] + [("suffix", "T=1.0")]
 
 @pytest.mark.parametrize("method,setting", CASES)
 def test_same_distribution(method, setting, target, exact, plain):
@@ -151,7 +157,7 @@ class AcceptEverything(SpecDecoder):
             out.append(list(seq.draft_token_ids) + [sample(logits[r0 + n - 1], seq.params, seq.generator)])
         return out
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest", "eagle3"])
 def test_biased_verifier_is_rejected(method, target, exact):
     counts = first_tokens(spec_engine(method, target, AcceptEverything), prompt_of(target), SETTINGS["T=1.0"], 1_000_000,
                           BIASED_RUNS)

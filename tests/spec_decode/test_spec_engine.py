@@ -21,7 +21,8 @@ METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
            "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
            "medusa": {"method": "medusa", "num_speculative_tokens": 4},
            "rest": {"method": "rest", "num_speculative_tokens": 4},   # datastore: the shipped corpus's training split
-           "suffix": {"method": "suffix"}}                            # k: the tree depth, 24, cut to the decode path
+           "suffix": {"method": "suffix"},                            # k: the tree depth, 24, cut to the decode path
+           "eagle3": {"method": "eagle3", "num_speculative_tokens": 4}}   # the shipped tiny-dense-eagle3
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")

@@ -59,11 +59,11 @@ def time_forward(runner, ctx: Ctx) -> list:
     """Wrap `runner.forward` so each decode-only call is timed (CUDA events: the GPU's span from the call's first
     kernel to its last, launch gaps included); returns the list the (start, end) pairs go to."""
     inner, spans = runner.forward, []
-    def forward(ids, pos, meta, logits_idx, sample=True):
+    def forward(ids, pos, meta, logits_idx, sample=True, *rest):          # rest: aux_layers, when a speculator asks
         cuda = ctx.device.type == "cuda"
         start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
         if cuda: start.record()
-        out = inner(ids, pos, meta, logits_idx, sample)
+        out = inner(ids, pos, meta, logits_idx, sample, *rest)
         end = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
         if cuda: end.record()
         if meta.num_prefill_tokens == 0: spans.append((start, end))
