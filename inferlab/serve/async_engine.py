@@ -11,7 +11,7 @@ from ..engine.interface import Engine, RequestOutput, RequestMetrics, EngineDead
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['QueueFull', 'AsyncLLMEngine']
+__all__ = ['IDLE_POLL_S', 'QueueFull', 'AsyncLLMEngine']
 
 # %% ../../nbs/50_async_engine.ipynb #40fe98a8
 class QueueFull(RuntimeError):
@@ -95,6 +95,11 @@ def shutdown(self: AsyncLLMEngine, timeout: float = 10.0):
     if self._thread is not None and self._thread is not threading.current_thread(): self._thread.join(timeout)
 
 # -- the engine loop ---------------------------------------------------------------------------------------------
+# The kernel hands a process signal (SIGTERM) to any thread, but only the main thread runs Python's handlers. When
+# `inferlab serve` runs this loop on the main thread and SIGTERM lands on another thread, an untimed wait would
+# sleep through it: wake now and then so the handler runs.
+IDLE_POLL_S = 0.2
+
 @patch
 def run(self: AsyncLLMEngine):
     "The engine loop, until `shutdown()`: on the engine's own thread, or on the caller's with `start=False`."
@@ -104,8 +109,8 @@ def run(self: AsyncLLMEngine):
             self._wake.clear()
             self._drain()
             if self._stop: return
-            if not self.engine.has_unfinished():
-                self._wake.wait(); continue                # idle: sleep until a request or an abort arrives
+            if not self.engine.has_unfinished():       # idle: sleep until a request or an abort arrives (on the
+                self._wake.wait(IDLE_POLL_S if self._thread is None else None); continue   # caller's thread: above)
             try: outputs = self.engine.step()
             except EngineDeadError as e: self._die(e); return
             except Exception as e: outputs = self._fail_all(e)
