@@ -20,7 +20,7 @@ from ..model.layers import RMSNorm, rope_inv_freq, rope_cos_sin, apply_rope
 from ..model.model import CausalLM
 from ..model.sampling import probs_from_logits
 from .proposers import Proposer, Draft
-from .medusa import weight_fingerprint, _lr_at
+from .medusa import weight_fingerprint, read_head_dir, _lr_at
 
 # %% auto #0
 __all__ = ['default_aux_layers', 'check_aux_layers', 'Eagle3Drafter', 'after_past', 'ttt_mask', 'ttt_forward', 'target_features',
@@ -219,13 +219,7 @@ def save_eagle3(drafter: Eagle3Drafter, path, target: CausalLM, training: dict |
 
 # %% ../../nbs/35_eagle3.ipynb #798e55f9
 def _eagle3_conf(path: Path) -> dict:
-    cfile, wfile = path / "config.json", path / "model.safetensors"
-    for f in (cfile, wfile):
-        if not f.is_file():
-            raise FileNotFoundError(f"{f}: no such file (an EAGLE-3 directory holds config.json and model.safetensors)")
-    try: conf = json.loads(cfile.read_text())
-    except json.JSONDecodeError as e: raise ValueError(f"{cfile}: not valid JSON ({e})") from None
-    if not isinstance(conf, dict): raise ValueError(f"{cfile}: expected a JSON object, got {type(conf).__name__}")
+    conf, cfile = read_head_dir(path, "an EAGLE-3"), path / "config.json"
     if conf.get("method") != "eagle3": raise ValueError(f"method: {cfile} says {conf.get('method')!r}, not 'eagle3'")
     return conf
 

@@ -21,8 +21,8 @@ from .proposers import Proposer, Draft
 
 # %% auto #0
 __all__ = ['weight_fingerprint', 'lm_head_fingerprint', 'MedusaHeads', 'hidden_pool', 'train_medusa', 'head_hits',
-           'chain_acceptance', 'tokens_per_pass', 'save_medusa', 'load_medusa', 'default_medusa_path', 'prose_labels',
-           'MedusaProposer']
+           'chain_acceptance', 'tokens_per_pass', 'save_medusa', 'read_head_dir', 'load_medusa', 'default_medusa_path',
+           'prose_labels', 'MedusaProposer']
 
 # %% ../../nbs/33_medusa.ipynb #68dc3523
 def weight_fingerprint(w: torch.Tensor) -> str:
@@ -180,15 +180,21 @@ def _field(conf: dict, name: str, kind: type, cfile: Path):
         raise ValueError(f"{name}: expected {kind.__name__} in {cfile}, got {v!r}")
     return v
 
-def load_medusa(path, target: CausalLM) -> MedusaHeads:
-    "Heads from the directory `path`, checked against `target` and bound to its lm_head (its dtype and device)."
-    path = Path(path); cfile, wfile = path / "config.json", path / "model.safetensors"
+def read_head_dir(path: Path, what: str) -> dict:
+    "The `config.json` of a drafter directory (`what`: 'a Medusa'), once both its files are known to exist."
+    cfile, wfile = path / "config.json", path / "model.safetensors"
     for f in (cfile, wfile):
         if not f.is_file():
-            raise FileNotFoundError(f"{f}: no such file (a Medusa directory holds config.json and model.safetensors)")
+            raise FileNotFoundError(f"{f}: no such file ({what} directory holds config.json and model.safetensors)")
     try: conf = json.loads(cfile.read_text())
     except json.JSONDecodeError as e: raise ValueError(f"{cfile}: not valid JSON ({e})") from None
     if not isinstance(conf, dict): raise ValueError(f"{cfile}: expected a JSON object, got {type(conf).__name__}")
+    return conf
+
+def load_medusa(path, target: CausalLM) -> MedusaHeads:
+    "Heads from the directory `path`, checked against `target` and bound to its lm_head (its dtype and device)."
+    path = Path(path); cfile, wfile = path / "config.json", path / "model.safetensors"
+    conf = read_head_dir(path, "a Medusa")
     method = _field(conf, "method", str, cfile)
     if method != "medusa": raise ValueError(f"method: {cfile} says {method!r}; these are not 'medusa' heads")
     K = _field(conf, "num_heads", int, cfile)
