@@ -27,7 +27,8 @@ SPEC_BENCH_METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 5, 
                       "medusa": {"method": "medusa", "num_speculative_tokens": 2},
                       "rest": {"method": "rest", "num_speculative_tokens": 5, **_LOOKUP},
                       "suffix": {"method": "suffix"},     # k: the tree depth, cut to the CPU decode path (7 at batch 1)
-                      "eagle3": {"method": "eagle3", "num_speculative_tokens": 4}}
+                      "eagle3": {"method": "eagle3", "num_speculative_tokens": 4},
+                      "dflash": {"method": "dflash", "num_speculative_tokens": 4}}
 
 def code_prompts(n: int = 12, lo: int = 128, hi: int = 384, seed: int = 1) -> list[list[int]]:
     "`n` prompts cut from the held-out code of the corpus, lengths uniform in [lo, hi] tokens."
@@ -151,6 +152,7 @@ GPU_DRAFTERS = {           # method -> (weights one draft pass reads for a Llama
     "draft_model": (1.24e9, "k"),                                               # Llama-3.2-1B, one pass per draft
     "medusa": (4 * 4096 ** 2 + 128_256 * 4096, 1),                              # 4 heads + the LM head, once
     "eagle3": (_eagle3_weights(), "k"),
+    "dflash": (_eagle3_weights(), 1),                                            # the same layer, once per block
 }
 
 def predict_spec_speedup(method: str, per_position, batch: int = 1, drafted: float = 1.0, context: int = 1024,

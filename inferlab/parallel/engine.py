@@ -309,7 +309,7 @@ def check_parallel(parallel: ParallelConfig, cfg, path, quantization: str | None
     align = input_block(quantization)
     shard_config(cfg, parallel.tensor_parallel_size, parallel.enable_expert_parallel, parallel.expert_parallel_size,
                  align=align)
-    if spec is not None and spec.method in ("medusa", "eagle3"):
+    if spec is not None and spec.method in ("medusa", "eagle3", "dflash"):
         raise ValueError(f"speculative_config: method {spec.method!r} with "
                          f"tensor_parallel_size={parallel.tensor_parallel_size}"
                          f", data_parallel_size={parallel.data_parallel_size}: its heads read the target's whole LM "

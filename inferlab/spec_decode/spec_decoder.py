@@ -21,13 +21,14 @@ from .proposers import (Proposer, NgramProposer, DraftModelProposer, RestPropose
 from .suffix import SuffixProposer
 from .medusa import MedusaProposer, load_medusa, default_medusa_path
 from .eagle3 import Eagle3Proposer, load_eagle3, default_eagle3_path
+from .dflash import DFlashProposer, load_dflash, default_dflash_path
 
 # %% auto #0
 __all__ = ['SPEC_METHODS', 'SpeculativeConfig', 'SpecDecoder', 'fit_to_path', 'row_groups', 'default_datastore', 'make_proposer',
            'add_speculation']
 
 # %% ../../nbs/34_spec_decoder.ipynb #c011af5f
-SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest", "suffix", "eagle3")
+SPEC_METHODS = ("ngram", "draft_model", "medusa", "rest", "suffix", "eagle3", "dflash")
 
 @dataclass
 class SpeculativeConfig:
@@ -260,12 +261,14 @@ def make_proposer(spec: SpeculativeConfig, engine: LLMEngine, source: str | Path
         bm, cfg = engine.block_manager, engine.config
         extra = cfg.max_num_seqs * (bm.blocks_needed(spec.num_speculative_tokens) + 1)
         return DraftModelProposer(draft, bm.num_blocks + extra, bm.block_size)
-    if spec.method == "eagle3":
-        path = spec.model or (default_eagle3_path(source) if source else None)
+    if spec.method in ("eagle3", "dflash"):
+        find, load, cls = ((default_eagle3_path, load_eagle3, Eagle3Proposer) if spec.method == "eagle3" else
+                           (default_dflash_path, load_dflash, DFlashProposer))
+        path = spec.model or (find(source) if source else None)
         if path is None:
-            raise ValueError("model: no EAGLE-3 drafter beside the target; give speculative_config['model'] "
-                             "(chapter 35 trains one)")
-        return Eagle3Proposer(load_eagle3(path, target))
+            raise ValueError(f"model: no {spec.method} drafter beside the target; give speculative_config['model'] "
+                             "(chapters 35 and 36 train them)")
+        return cls(load(path, target))
     path = spec.model or (default_medusa_path(source) if source else None)
     if path is None:
         raise ValueError("model: no Medusa heads beside the target; give speculative_config['model'] (chapter 33 "

@@ -14,6 +14,7 @@ from inferlab.spec_decode.proposers import DraftModelProposer, RestProposer, Tok
 from inferlab.spec_decode.medusa import MedusaHeads, MedusaProposer
 from inferlab.spec_decode.suffix import SuffixProposer
 from inferlab.spec_decode.eagle3 import Eagle3Drafter, Eagle3Proposer
+from inferlab.spec_decode.dflash import DFlashDrafter, DFlashProposer
 from inferlab.model.random_weights import random_model
 
 RUNS, POSITIONS, ALPHA = 12_000, 3, 0.001
@@ -96,11 +97,13 @@ def proposer(method, target):
         text = [t for a in range(V) for b in range(V) for t in [a, b] + generate(target, None, [a, b], sp)[0].token_ids]
         return RestProposer(TokenDatastore(text), prompt_lookup_min=4, prompt_lookup_max=6, min_occurrences=1)
     if method == "suffix": return SuffixProposer()          # its global index learns from every run before
-    if method == "eagle3":                                  # random weights: drafts the target sometimes accepts
-        dr, g = Eagle3Drafter.for_target(target, (0, 1)), torch.Generator().manual_seed(3)
+    if method in ("eagle3", "dflash"):                      # random weights: drafts the target sometimes accepts
+        dr = (Eagle3Drafter.for_target(target, (0, 1)) if method == "eagle3" else
+              DFlashDrafter.for_target(target, (0, 1), block_size=2))
+        g = torch.Generator().manual_seed(3)
         with torch.no_grad():
             for p in dr.parameters(): p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1 if p.dim() == 1 else 0))
-        return Eagle3Proposer(dr)
+        return (Eagle3Proposer if method == "eagle3" else DFlashProposer)(dr)
     return None                                             # ngram: built from the configuration
 
 @pytest.fixture(scope="module")
@@ -133,7 +136,8 @@ def worst(counts, exact, test=goodness_of_fit):
 fmt = lambda figs: "; ".join(f"pos {j + 1}: {st:.1f} (dof {d}, limit {lim:.1f})" for j, (st, d, lim) in enumerate(figs))
 
 # suffix decoding's drafts are point masses verified as n-gram's are: one setting checks what differs, its drafts
-CASES = [(m, s) for m in ("ngram", "draft_model", "medusa", "rest", "eagle3") for s in SETTINGS] + [("suffix", "T=1.0")]
+CASES = ([(m, s) for m in ("ngram", "draft_model", "medusa", "rest", "eagle3", "dflash") for s in SETTINGS]
+         + [("suffix", "T=1.0")])
 
 @pytest.mark.parametrize("method,setting", CASES)
 def test_same_distribution(method, setting, target, exact, plain):
@@ -157,7 +161,7 @@ class AcceptEverything(SpecDecoder):
             out.append(list(seq.draft_token_ids) + [sample(logits[r0 + n - 1], seq.params, seq.generator)])
         return out
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest", "eagle3"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest", "eagle3", "dflash"])
 def test_biased_verifier_is_rejected(method, target, exact):
     counts = first_tokens(spec_engine(method, target, AcceptEverything), prompt_of(target), SETTINGS["T=1.0"], 1_000_000,
                           BIASED_RUNS)

@@ -22,7 +22,8 @@ METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
            "medusa": {"method": "medusa", "num_speculative_tokens": 4},
            "rest": {"method": "rest", "num_speculative_tokens": 4},   # datastore: the shipped corpus's training split
            "suffix": {"method": "suffix"},                            # k: the tree depth, 24, cut to the decode path
-           "eagle3": {"method": "eagle3", "num_speculative_tokens": 4}}   # the shipped tiny-dense-eagle3
+           "eagle3": {"method": "eagle3", "num_speculative_tokens": 4},   # the shipped tiny-dense-eagle3
+           "dflash": {"method": "dflash", "num_speculative_tokens": 4}}   # the shipped tiny-dense-dflash
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")
