@@ -7,6 +7,7 @@ Docs: https://inferlab.github.io/inferlab/cpu_threads.html.md"""
 # %% ../../nbs/15a_cpu_threads.ipynb #a61c5d02
 from __future__ import annotations
 import contextlib
+import ctypes
 import math
 import os
 import time
@@ -14,7 +15,7 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['cgroup_cpu_limit', 'CpuThreads']
+__all__ = ['BLAS_SPIN_EXPONENT', 'cgroup_cpu_limit', 'quiet_blas_workers', 'CpuThreads']
 
 # %% ../../nbs/15a_cpu_threads.ipynb #e8db95ea
 def _busy_seconds(cpus: set[int]) -> float | None:
@@ -41,6 +42,31 @@ def cgroup_cpu_limit() -> int | None:
         return max(1, math.ceil(int(quota) / int(period)))
     return None
 
+# %% ../../nbs/15a_cpu_threads.ipynb #cc00a976
+BLAS_SPIN_EXPONENT = 22         # idle OpenBLAS workers sleep after 2**22 cycles (~1.5 ms); OpenBLAS's default is 2**28
+_USER_TIMEOUT = os.environ.get("OPENBLAS_THREAD_TIMEOUT")    # a setting of the user's own is kept
+_quieted: set[str] = set()
+
+def quiet_blas_workers(blas, exponent: int = BLAS_SPIN_EXPONENT, force: bool = False) -> list[str]:
+    """Make the idle workers of each OpenBLAS in `blas` (a threadpoolctl selection) sleep after `2**exponent`
+    cycles, once per library and process (`force`: again, and over the user's own setting). OpenBLAS reads
+    `OPENBLAS_THREAD_TIMEOUT` when it starts its workers, and NumPy has usually loaded it before us: set the
+    variable, have the library read its environment again and stop its workers (as its own fork handler does);
+    the next call starts them with the new timeout. Returns the libraries changed."""
+    if not isinstance(exponent, int) or not 4 <= exponent <= 30:
+        raise ValueError(f"exponent: OpenBLAS accepts 4..30 (a timeout of 2**exponent cycles), got {exponent!r}")
+    if _USER_TIMEOUT is not None and not force: return []
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(exponent)
+    changed = []
+    for lib in blas.lib_controllers:
+        if lib.internal_api != "openblas" or getattr(lib, "threading_layer", "") != "pthreads": continue
+        if lib.filepath in _quieted and not force: continue
+        so = ctypes.CDLL(lib.filepath)                        # the loaded library: dlopen returns its handle
+        if not (hasattr(so, "openblas_read_env") and hasattr(so, "blas_thread_shutdown_")): continue
+        so.openblas_read_env(); so.blas_thread_shutdown_()
+        _quieted.add(lib.filepath); changed.append(lib.filepath)
+    return changed
+
 # %% ../../nbs/15a_cpu_threads.ipynb #4101408a
 class CpuThreads:
     """The one owner of the CPU thread pools a step uses: torch's intra-op threads and NumPy's BLAS threads
@@ -53,6 +79,7 @@ class CpuThreads:
         self.max_threads = max(1, min(max_threads or torch.get_num_threads(), cores))
         self.budget, self.interval, self.others = self.max_threads, interval, 0.0
         self.blas = ThreadpoolController().select(user_api="blas")
+        quiet_blas_workers(self.blas)                         # idle BLAS workers must not crowd torch's
         self.saved = (torch.get_num_threads(), [lib.get_num_threads() for lib in self.blas.lib_controllers])
         self.current = None                                   # (torch threads, BLAS threads) in force
         self._last = (time.monotonic(), _busy_seconds(self.cpus), time.process_time())
