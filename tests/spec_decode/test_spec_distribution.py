@@ -135,9 +135,8 @@ def worst(counts, exact, test=goodness_of_fit):
 
 fmt = lambda figs: "; ".join(f"pos {j + 1}: {st:.1f} (dof {d}, limit {lim:.1f})" for j, (st, d, lim) in enumerate(figs))
 
-# suffix decoding's drafts are point masses verified as n-gram's are: one setting checks what differs, its drafts
-CASES = ([(m, s) for m in ("ngram", "draft_model", "medusa", "rest", "eagle3", "dflash") for s in SETTINGS]
-         + [("suffix", "T=1.0")])
+METHODS = ("ngram", "draft_model", "medusa", "rest", "suffix", "eagle3", "dflash")
+CASES = [(m, s) for m in METHODS for s in SETTINGS]
 
 @pytest.mark.parametrize("method,setting", CASES)
 def test_same_distribution(method, setting, target, exact, plain):
@@ -161,7 +160,7 @@ class AcceptEverything(SpecDecoder):
             out.append(list(seq.draft_token_ids) + [sample(logits[r0 + n - 1], seq.params, seq.generator)])
         return out
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "rest", "eagle3", "dflash"])
+@pytest.mark.parametrize("method", METHODS)
 def test_biased_verifier_is_rejected(method, target, exact):
     counts = first_tokens(spec_engine(method, target, AcceptEverything), prompt_of(target), SETTINGS["T=1.0"], 1_000_000,
                           BIASED_RUNS)
