@@ -62,8 +62,7 @@ def plain(target, tok, prompts):
     return {name: run(LLMEngine(target, tok, EngineConfig(**cfg)), prompts_for(name, prompts))
             for name, cfg in CONFIGS.items()}
 
-# suffix decoding at batch 1 takes the path n-gram's batch-1 case covers; its batched cases preempt and chunk
-CASES = [(m, c) for m in METHODS for c in CONFIGS if (m, c) != ("suffix", "batch 1")]
+CASES = [(m, c) for m in METHODS for c in CONFIGS]
 
 @pytest.mark.parametrize("method,config", CASES)
 def test_greedy_identical(method, config, target, tok, prompts, plain):
