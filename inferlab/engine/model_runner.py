@@ -323,10 +323,10 @@ class ModelRunner:
         with self.step_threads(batch): return self._execute(batch, return_hidden, aux_layers)   # pools given back
 
     def step_threads(self, batch: ScheduledBatch):
-        """The CPU pool sizes for `batch`'s step (decode-sized: BLAS threads; else torch's). The engine holds them over
-        the model call *and* the sampling after it: torch ops run between steps with torch's own two threads would wake
-        OpenMP against OpenBLAS threads still spinning after their last product (chapter 15a measures that trap)."""
-        return self.threads_for(decode=batch.num_tokens <= SMALL_STEP_TOKENS)
+        """The CPU pool sizes for `batch`'s step (a decode on the NumPy path: BLAS threads; else, quantized decodes too,
+        torch's). The engine holds them over the model call *and* the sampling after it: torch ops run between steps
+        with torch's two threads would wake OpenMP against OpenBLAS threads still spinning (chapter 15a's trap)."""
+        return self.threads_for(decode=self.numpy_decoder is not None and batch.num_tokens <= SMALL_STEP_TOKENS)
 
     def shutdown(self):
         "Nothing to give back for one process (chapter 43's runner stops its workers and process group here)."

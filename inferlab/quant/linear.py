@@ -8,6 +8,7 @@ Docs: https://inferlab.github.io/inferlab/quant_linear.html.md"""
 from __future__ import annotations
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 import torch
 import torch.nn as nn
@@ -19,7 +20,7 @@ from . import block_formats as qblock
 __all__ = ['BLOCK_FORMATS', 'BLOCK_ALIASES', 'WEIGHT_FORMATS', 'ACT_FORMATS', 'FP8_MAX', 'KERNEL_MAX_ROWS', 'WeightSpec',
            'parse_weight_format', 'pack_int4', 'unpack_int4', 'padded_in_features', 'weight_scales',
            'scales_per_column', 'quantize_to_codes', 'quantize_weight', 'dequantize_codes', 'quantize_activation',
-           'cpu_kernels', 'cpu_packed_applies', 'cpu_packed_matmul', 'QuantLinear']
+           'cpu_kernels', 'cpu_packed_applies', 'cpu_packed_matmul', 'QuantLinear', 'use_cpu_a16_kernels']
 
 # %% ../../nbs/22a_quant_linear.ipynb #37deaf70
 BLOCK_FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8", "nvfp4")
@@ -168,30 +169,35 @@ def cpu_kernels() -> dict:
     return _CPU_KERNELS
 
 # %% ../../nbs/22a_quant_linear.ipynb #db286879
-def cpu_packed_applies(x: torch.Tensor, layer) -> bool:
+def cpu_packed_applies(x: torch.Tensor, layer, float32_as: torch.dtype | None = None) -> bool:
     """Whether PyTorch's packed CPU kernel computes `layer(x)`: int8 per channel or int4 per group of 32 to 256 weights,
-    no activation format, bf16/fp16 `x` of at most `KERNEL_MAX_ROWS` rows on the CPU, and the kernel checked."""
-    s = layer.spec
-    if not (layer.activations is None and s.kind == "int" and x.device.type == "cpu"
-            and x.dtype in (torch.bfloat16, torch.float16) and x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS):
+    no activation format, bf16/fp16 `x` of at most `KERNEL_MAX_ROWS` rows on the CPU, and the kernel checked. Given
+    `float32_as`, float32 `x` of any number of rows: a row's result must not depend on the rows beside it."""
+    s, a16 = layer.spec, bool(float32_as) and x.dtype == torch.float32
+    if not (layer.activations is None and s.kind == "int" and x.device.type == "cpu" and (a16 or (
+            x.dtype in (torch.bfloat16, torch.float16) and x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS))):
         return False
-    if s.bits == 8: return s.granularity == "channel" and cpu_kernels()["int8"]
+    if s.bits == 8:                   # the kernel reads K in blocks of 16: K = 200 crashes it (PyTorch 2.13)
+        return s.granularity == "channel" and layer.in_features % 16 == 0 and cpu_kernels()["int8"]
     return s.granularity == "group" and s.group_size in (32, 64, 128, 256) and cpu_kernels()["int4"]
 
-def cpu_packed_matmul(x: torch.Tensor, layer) -> torch.Tensor | None:
-    "`layer(x)` `[..., N]` by `torch._weight_int8pack_mm` or `torch._weight_int4pack_mm_for_cpu`; None elsewhere."
-    if not cpu_packed_applies(x, layer): return None
+def cpu_packed_matmul(x: torch.Tensor, layer, float32_as: torch.dtype | None = None) -> torch.Tensor | None:
+    """`layer(x)` `[..., N]` by `torch._weight_int8pack_mm` or `torch._weight_int4pack_mm_for_cpu`; None elsewhere.
+    `float32_as`: the dtype float32 rows are computed in (the presets' "a16"); None: they take the reference."""
+    if not cpu_packed_applies(x, layer, float32_as): return None
     shape, s = x.shape, layer.spec
-    x2 = x.reshape(-1, shape[-1])                                                  # [rows, K]
+    kx = float32_as if x.dtype == torch.float32 else x.dtype                       # the kernel's activation dtype
+    x2 = x.reshape(-1, shape[-1]).to(kx)                                           # [rows, K]
     if s.bits == 8:
-        out = torch._weight_int8pack_mm(x2.contiguous(), layer.qweight, layer.scale.to(x.dtype))
+        out = torch._weight_int8pack_mm(x2.contiguous(), layer.qweight, layer.scale.to(kx))
     else:
-        if layer._kernel_cache is None or layer._kernel_cache[1].dtype != x.dtype:   # built once, same size as qweight
+        if layer._kernel_cache is None or layer._kernel_cache[1].dtype != kx:      # built once, same size as qweight
             layer._kernel_cache = (_int4_kernel_weight(unpack_int4(layer.qweight) + 8),
-                                   _int4_scales_and_zeros(layer.scale, x.dtype))
+                                   _int4_scales_and_zeros(layer.scale, kx))
         Kp = layer.qweight.shape[1] * 2
         x2 = F.pad(x2, (0, Kp - shape[-1])).contiguous()                           # zero columns meet zero codes
         out = torch._weight_int4pack_mm_for_cpu(x2, layer._kernel_cache[0], s.group_size, layer._kernel_cache[1])
+    out = out.to(x.dtype)
     if layer.bias is not None: out = out + layer.bias.to(out.dtype)
     return out.reshape(*shape[:-1], layer.out_features)
 
@@ -288,3 +294,14 @@ def nbytes(self: QuantLinear) -> int:
 def extra_repr(self: QuantLinear):
     return (f"in_features={self.in_features}, out_features={self.out_features}, weights={self.spec.name}, "
             f"activations={self.activations}, bias={self.bias is not None}")
+
+# %% ../../nbs/22a_quant_linear.ipynb #8e77f374
+def use_cpu_a16_kernels(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16) -> int:
+    """Set, on each `QuantLinear` of `model` whose slot holds the CPU kernel, that kernel computing float32 decode
+    rows in `dtype` (the "a16" of w8a16 and w4a16; None: the exact reference again); returns how many changed."""
+    want, n = cpu_packed_matmul if dtype is None else partial(cpu_packed_matmul, float32_as=dtype), 0
+    for layer in model.modules():
+        k = getattr(layer, "kernel", None) if isinstance(layer, QuantLinear) else None
+        if k is cpu_packed_matmul or (isinstance(k, partial) and k.func is cpu_packed_matmul):
+            if getattr(k, "keywords", {}).get("float32_as") != dtype: layer.kernel = want; n += 1
+    return n
