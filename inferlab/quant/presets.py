@@ -10,8 +10,8 @@ from typing import Callable
 import torch.nn as nn
 import torch.nn.functional as F
 from ..engine.model_runner import pack_model
-from .linear import (QuantLinear, parse_weight_format, weight_scales, scales_per_column,
-                                   quantize_to_codes,
+from .linear import (QuantLinear, use_cpu_a16_kernels, parse_weight_format, weight_scales,
+                                   scales_per_column, quantize_to_codes,
                                    padded_in_features)
 from .quantize import QuantRecipe, quant_targets, quantize, _set_module
 from .kernels import use_gpu_kernels
@@ -57,6 +57,8 @@ def quantize_model(model: nn.Module, quantization: str, split_inputs: Callable |
             _set_module(model, name, quantize_shard(lin, recipe, reduce_max) if reduce_max else
                         QuantLinear.from_linear(lin, recipe.weights, recipe.activations))
         model.quant_recipe = recipe
+    if recipe.activations is None and split_inputs is None:  # float32 decode rows in bf16 on CPU (chapter 22a);
+        use_cpu_a16_kernels(model)     # not on a TP rank: its bf16 partial sums would round unlike one process's
     use_gpu_kernels(model)                 # Triton dequantize-fused matmuls for layers on CUDA (chapter 24)
     return model
 
