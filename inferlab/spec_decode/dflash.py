@@ -12,6 +12,7 @@ import torch.nn as nn
 from fastcore.basics import patch
 from ..model.model import CausalLM
 from .proposers import Draft
+from .medusa import sibling_drafter_dir
 from .eagle3 import (Eagle3Drafter, Eagle3Proposer, default_aux_layers, check_aux_layers,
                                          target_features, save_eagle3, load_eagle3, _pick)
 
@@ -134,9 +135,7 @@ def load_dflash(path, target: CausalLM) -> DFlashDrafter:
 
 def default_dflash_path(target_source_dir) -> Path | None:
     "The parallel drafter beside the model in `target_source_dir`: its sibling `<name>-dflash`, if it exists."
-    if target_source_dir is None: return None
-    cand = Path(target_source_dir).parent / f"{Path(target_source_dir).name}-dflash"
-    return cand if cand.is_dir() else None
+    return sibling_drafter_dir(target_source_dir, "dflash")
 
 @torch.no_grad()
 def block_acceptance(drafter: DFlashDrafter, target: CausalLM, seqs: list[list[int]], skip: int = 0) -> torch.Tensor:

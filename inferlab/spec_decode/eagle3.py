@@ -20,7 +20,7 @@ from ..model.layers import RMSNorm, rope_inv_freq, rope_cos_sin, apply_rope
 from ..model.model import CausalLM
 from ..model.sampling import probs_from_logits
 from .proposers import Proposer, Draft
-from .medusa import weight_fingerprint, read_head_dir, _lr_at
+from .medusa import weight_fingerprint, read_head_dir, sibling_drafter_dir, _lr_at
 
 # %% auto #0
 __all__ = ['default_aux_layers', 'check_aux_layers', 'Eagle3Drafter', 'after_past', 'ttt_mask', 'ttt_forward', 'target_features',
@@ -254,9 +254,7 @@ def load_eagle3(path, target: CausalLM, method: str = "eagle3", make=None) -> Ea
 
 def default_eagle3_path(target_source_dir) -> Path | None:
     "The drafter trained for the model in `target_source_dir`: its sibling `<name>-eagle3` if that directory exists."
-    if target_source_dir is None: return None
-    cand = Path(target_source_dir).parent / f"{Path(target_source_dir).name}-eagle3"
-    return cand if cand.is_dir() else None
+    return sibling_drafter_dir(target_source_dir, "eagle3")
 
 # %% ../../nbs/35_eagle3.ipynb #d9f92a27
 @torch.no_grad()

@@ -21,8 +21,8 @@ from .proposers import Proposer, Draft
 
 # %% auto #0
 __all__ = ['weight_fingerprint', 'lm_head_fingerprint', 'MedusaHeads', 'hidden_pool', 'train_medusa', 'head_hits',
-           'chain_acceptance', 'tokens_per_pass', 'save_medusa', 'read_head_dir', 'load_medusa', 'default_medusa_path',
-           'prose_labels', 'MedusaProposer']
+           'chain_acceptance', 'tokens_per_pass', 'save_medusa', 'read_head_dir', 'load_medusa', 'sibling_drafter_dir',
+           'default_medusa_path', 'prose_labels', 'MedusaProposer']
 
 # %% ../../nbs/33_medusa.ipynb #68dc3523
 def weight_fingerprint(w: torch.Tensor) -> str:
@@ -223,12 +223,16 @@ def load_medusa(path, target: CausalLM) -> MedusaHeads:
                     getattr(heads, p)[i].copy_(t)
     return heads.eval().requires_grad_(False)
 
-def default_medusa_path(target_source_dir) -> Path | None:
-    "The heads trained for the model in `target_source_dir`: its sibling `<name>-medusa` if that directory exists."
+def sibling_drafter_dir(target_source_dir, method: str) -> Path | None:
+    "The drafter of `method` trained for the model in `target_source_dir`: its sibling `<name>-<method>`, if it exists."
     if target_source_dir is None: return None
     p = Path(target_source_dir)
-    cand = p.parent / f"{p.name}-medusa"
+    cand = p.parent / f"{p.name}-{method}"
     return cand if cand.is_dir() else None
+
+def default_medusa_path(target_source_dir) -> Path | None:
+    "The heads trained for the model in `target_source_dir`: its sibling `<name>-medusa` if that directory exists."
+    return sibling_drafter_dir(target_source_dir, "medusa")
 
 # %% ../../nbs/33_medusa.ipynb #c4a7e9d1
 def prose_labels(doc: str, enc) -> list[bool]:
