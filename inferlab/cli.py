@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "speculation (chapter 73); `bench serve`: load against an OpenAI-compatible server (chapter 53)")
     sub.add_parser("bench-vllm", add_help=False, help="inferlab vs vLLM's CPU backend, alternating rounds (chapter 71; "
                    "`make bench-vllm` sets up vLLM's environment)")
+    sub.add_parser("bench-llamacpp", add_help=False, help="inferlab vs llama.cpp's llama-bench, batch-1 decode and "
+                   "prompt processing, alternating rounds (chapter 71a; `make bench-llamacpp` builds llama.cpp)")
     sub.add_parser("sweep", add_help=False, help="measure a grid of engine configurations, one JSON line each "
                    "(chapter 76); `inferlab sweep --help` lists its options")
     sub.add_parser("tune", add_help=False, help="search the configurations with optuna's NSGA-II, live or replayed "
@@ -238,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench-vllm"]:
         from inferlab.frontier.vs_vllm import main as vs_vllm_main
         return vs_vllm_main(argv[1:])
+    if argv[:1] == ["bench-llamacpp"]:
+        from inferlab.frontier.vs_llamacpp import main as vs_llamacpp_main
+        return vs_llamacpp_main(argv[1:])
     if argv[:1] == ["sweep"]:
         from inferlab.llm import build_engine
         from inferlab.frontier.sweep import sweep_main                # the facade's engine factory goes in (76)

@@ -19,7 +19,9 @@ from .kv_memory import num_kv_blocks, kv_block_bytes, available_memory
 from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig, ScheduledBatch
-from .model_runner import ModelRunner, sample_batch, pack_model, calibrate_kv_scales
+from .model_runner import ModelRunner, sample_batch, pack_model
+from .paged_attention import calibrate_kv_scales
+from .c_decode import CDecoder
 from .paged_attention import KV_CACHE_DTYPES
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
@@ -82,9 +84,11 @@ def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
     return calibrate_kv_scales(model, calib, kv_cache_dtype)
 
 def local_runner(model, num_blocks: int, config: EngineConfig, max_model_len: int) -> ModelRunner:
-    "The default part that runs the model: this process's `ModelRunner` (chapter 15), its KV scales calibrated."
+    """The default part that runs the model: this process's `ModelRunner` (chapter 15), its KV scales calibrated, its
+    CPU decode steps in C where chapter 15d's functions build (else in NumPy)."""
     scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
-    return ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype, scales, config.enforce_eager)
+    return ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype, scales, config.enforce_eager,
+                       decoder=CDecoder)
 
 # %% ../../nbs/16_llm_engine.ipynb #c5c2b1af
 class LLMEngine(Engine):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
+from functools import partial
 import torch
 import torch.nn as nn
 from ..model.config import ModelConfig
@@ -16,17 +17,16 @@ from ..model.layers import MLP, rope_cos_sin
 import numpy as np
 from .sequence import Sequence
 from .scheduler import ScheduledBatch
-from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE_DTYPES, kv_scale
+from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE_DTYPES
 from .triton_attention import attention_backend
 from .cpu_threads import CpuThreads
 from fastcore.basics import patch
 from .cuda_graphs import DecodeGraphs, graphs_unsupported
-from ..model.generate import KVCache
 from ..model.sampling import sample_rows
 
 # %% auto #0
-__all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'prepare_batch', 'calibrate_kv_scales', 'AttentionContext',
-           'few_rows_matmul', 'KMajorLinear', 'pack_model', 'NumpyDecoder', 'ModelRunner', 'sample_batch']
+__all__ = ['SMALL_STEP_TOKENS', 'AttentionMetadata', 'PagedKVCache', 'prepare_batch', 'AttentionContext', 'few_rows_matmul',
+           'KMajorLinear', 'pack_model', 'NumpyDecoder', 'ModelRunner', 'sample_batch']
 
 # %% ../../nbs/15_model_runner.ipynb #6fcb8735
 @dataclass
@@ -95,17 +95,6 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
     return t(ids, torch.int64), t(pos, torch.int64), meta, t(logits_idx, torch.int64), samplers
 
 # %% ../../nbs/15_model_runner.ipynb #8623c213
-@torch.inference_mode()
-def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headroom: float | None = None):
-    """Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with a contiguous
-    cache."""
-    # fp8 has range to spare; int8 has steps to lose
-    headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)
-    cache = KVCache(model.config, 1, len(token_ids), model.dtype, model.device)
-    model.hidden_states(torch.tensor([token_ids], device=model.device), kv_cache=cache)
-    scale = lambda t: kv_scale(t, KV_CACHE_DTYPES[kv_cache_dtype], headroom)   # [kv_heads]
-    return [scale(k) for k in cache.k], [scale(v) for v in cache.v]
-
 class AttentionContext:
     """What the model's attention layers receive as `kv_cache` in the engine: the paged cache, this step's metadata
     and the attention backend the runner chose when it was built (chapters 13 and 13b)."""
@@ -167,6 +156,10 @@ class KMajorLinear(nn.Module):
     @property
     def weight(self) -> torch.Tensor: return self.weight_t.t()                              # [out, in] view
 
+    @property
+    def few_rows(self):     # the NumPy decoder's matmul, x [M, in] -> x @ W^T [M, out] (no bias); None: not float32 CPU
+        return None if self.weight_np is None else partial(few_rows_matmul, w=self.weight_np)
+
     def forward(self, x):  # [..., in] -> [..., out]
         if self.weight_np is not None and x.dtype == torch.float32 and x.numel() <= SMALL_STEP_TOKENS * x.shape[-1]:
             x2 = x.detach().reshape(-1, x.shape[-1]).contiguous().numpy()
@@ -210,8 +203,9 @@ def _row_groups(tables: np.ndarray, lens: list[int]) -> list[tuple[int, int]]:
 
 class NumpyDecoder:
     """A decode-only CPU step (one new token for each of a few sequences) in NumPy, on the packed model's K-major
-    weights and the paged cache's memory (views, no copies), with far fewer and cheaper ops than torch's path
-    (chapter 15 times both). `NumpyDecoder.unsupported(model, cache)` says why a model must keep the torch path."""
+    weights (quantized layers: their C kernels) and the paged cache's memory (views, no copies), with far fewer and
+    cheaper ops than torch's path (chapter 15 times both). `NumpyDecoder.unsupported(model, cache)` says why a model
+    must keep the torch path."""
     def __init__(self, model, kv_cache: PagedKVCache):
         if (why := self.unsupported(model, kv_cache)): raise ValueError(f"NumpyDecoder: {why}")
         cfg, arr = model.config, (lambda t: None if t is None else t.detach().numpy())
@@ -219,15 +213,18 @@ class NumpyDecoder:
         self.D, self.eps = cfg.head_dim, cfg.rms_norm_eps
         self.scale, self.windows, self.inv_freq = cfg.head_dim ** -0.5, cfg.layer_windows, model._inv_freq
         self.embed, self.final_norm = arr(model.model.embed_tokens.weight), arr(model.model.norm.weight)
-        self.layers = []
+        self.layers, linears = [], []
         for layer in model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
+            linears += [a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj]
             self.layers.append(dict(
                 ln1=arr(layer.input_layernorm.weight), ln2=arr(layer.post_attention_layernorm.weight),
-                qkv=a.qkv_proj.weight_np, qkv_b=arr(a.qkv_proj.bias), o=a.o_proj.weight_np, o_b=arr(a.o_proj.bias),
+                qkv=a.qkv_proj.few_rows, qkv_b=arr(a.qkv_proj.bias), o=a.o_proj.few_rows, o_b=arr(a.o_proj.bias),
                 q_norm=arr(a.q_norm.weight) if a.q_norm is not None else None,
                 k_norm=arr(a.k_norm.weight) if a.k_norm is not None else None,
-                gate_up=mlp.gate_up_proj.weight_np, down=mlp.down_proj.weight_np))
+                gate_up=mlp.gate_up_proj.few_rows, down=mlp.down_proj.few_rows))
+        # all on OpenBLAS: the step gives BLAS the threads; a layer's own kernel (OpenMP) gets torch's (see the runner)
+        self.uses_blas = all(isinstance(m, KMajorLinear) for m in linears)
         self.k, self.v = [arr(t) for t in kv_cache.k], [arr(t) for t in kv_cache.v]   # [blocks, bs, Hkv, D] views
 
     @staticmethod
@@ -235,13 +232,13 @@ class NumpyDecoder:
         "Why `model` and `kv_cache` cannot take the NumPy path, or None."
         if kv_cache.k[0].device.type != "cpu" or model.dtype != torch.float32: return "needs a float32 model on CPU"
         if kv_cache.kv_cache_dtype is not None: return f"the KV cache is quantized ({kv_cache.kv_cache_dtype})"
-        k_major = lambda m: isinstance(m, KMajorLinear) and m.weight_np is not None and m.weight_np.dtype == np.float32
+        rows = lambda m: getattr(m, "few_rows", None) is not None              # a NumPy matmul for a few rows
         for i, layer in enumerate(model.model.layers):
             a, mlp = layer.self_attn, layer.mlp
-            if not (k_major(a.qkv_proj) and k_major(a.o_proj)):
-                return f"layer {i}: attention projections are not packed K-major float32 (pack_model, unquantized)"
-            if not (isinstance(mlp, MLP) and k_major(mlp.gate_up_proj) and k_major(mlp.down_proj)):
-                return f"layer {i}: the MLP is MoE, quantized or not packed"
+            if not (rows(a.qkv_proj) and rows(a.o_proj)):
+                return f"layer {i}: attention projections have no NumPy matmul (pack_model; C kernels for quantized)"
+            if not (isinstance(mlp, MLP) and rows(mlp.gate_up_proj) and rows(mlp.down_proj)):
+                return f"layer {i}: the MLP is MoE, or its layers have no NumPy matmul"
         return None
 
 # %% ../../nbs/15_model_runner.ipynb #300879c0
@@ -260,7 +257,7 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     x, aux = self.embed[token_ids.numpy()], []                                 # [B, hidden]
     for i, w in enumerate(self.layers):
         if i in aux_layers: aux.append(x)                                      # x is rebound below, never written
-        y = few_rows_matmul(_np_rms_norm(x, w["ln1"], self.eps), w["qkv"])     # [B, (H + 2 Hkv) D]
+        y = w["qkv"](_np_rms_norm(x, w["ln1"], self.eps))     # [B, (H + 2 Hkv) D]
         if w["qkv_b"] is not None: y += w["qkv_b"]
         y = y.reshape(B, H + 2 * Hkv, D)
         q, k, v = y[:, :H], y[:, H:H + Hkv], y[:, H + Hkv:]
@@ -285,12 +282,12 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
                 s = np.where(np.repeat(ok, G, 0)[None], s, -np.inf)
             s = np.exp(s - s.max(-1, keepdims=True)); s /= s.sum(-1, keepdims=True)
             o[b:b + m] = np.matmul(s, vv).reshape(Hkv, m, G, D).transpose(1, 0, 2, 3).reshape(m, H, D)
-        x = x + few_rows_matmul(o.reshape(B, H * D), w["o"])
+        x = x + w["o"](o.reshape(B, H * D))
         if w["o_b"] is not None: x += w["o_b"]
-        gu = few_rows_matmul(_np_rms_norm(x, w["ln2"], self.eps), w["gate_up"])
+        gu = w["gate_up"](_np_rms_norm(x, w["ln2"], self.eps))
         gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
         with np.errstate(over="ignore"):                                       # exp(-gate) = inf: silu → -0
-            x = x + few_rows_matmul(gate / (1 + np.exp(-gate)) * up, w["down"])
+            x = x + w["down"](gate / (1 + np.exp(-gate)) * up)
     h = torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
     return (h, torch.from_numpy(np.concatenate(aux, -1))) if aux_layers else h
 
@@ -298,9 +295,9 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
 class ModelRunner:
     "Runs scheduled batches through the model over a paged KV cache; samples the next tokens."
     def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str | None = None,
-                 kv_scales: tuple | None = None, enforce_eager: bool = False):
+                 kv_scales: tuple | None = None, enforce_eager: bool = False, decoder: type | None = None):
         """`model` should already be packed (`pack_model`) if wanted; the runner uses it as given. `enforce_eager`:
-        no CUDA graphs (chapter 15b), every step launches its kernels one by one."""
+        no CUDA graphs (chapter 15b). `decoder`: the CPU decode step's class (`NumpyDecoder`; chapter 15d's C one)."""
         self.model, self.block_size = model, block_size
         self.device = model.device
         self.threads = CpuThreads() if self.device.type == "cpu" else None   # sizes torch's and BLAS's pools
@@ -308,8 +305,8 @@ class ModelRunner:
         self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
                                      *(kv_scales or (None, None)))
         # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
-        self.numpy_decoder = None if NumpyDecoder.unsupported(model, self.kv_cache) else NumpyDecoder(model,
-                                                                                                      self.kv_cache)
+        decoder = decoder or NumpyDecoder
+        self.numpy_decoder = None if decoder.unsupported(model, self.kv_cache) else decoder(model, self.kv_cache)
         # the most tokens a decode-only step may hold and stay on that path (a speculative engine fits its drafts to it)
         self.decode_path_tokens = SMALL_STEP_TOKENS if self.numpy_decoder is not None else None
         # CUDA decode steps replay a graph per batch-size bucket (chapter 15b); `graphs_off` says why not
@@ -323,13 +320,14 @@ class ModelRunner:
         with self.step_threads(batch): return self._execute(batch, return_hidden, aux_layers)   # pools given back
 
     def step_threads(self, batch: ScheduledBatch):
-        """The CPU pool sizes for `batch`'s step (a decode on the NumPy path: BLAS threads; else, quantized decodes too,
-        torch's). The engine holds them over the model call *and* the sampling after it: torch ops run between steps
-        with torch's two threads would wake OpenMP against OpenBLAS threads still spinning (chapter 15a's trap)."""
-        return self.threads_for(decode=self.numpy_decoder is not None and batch.num_tokens <= SMALL_STEP_TOKENS)
+        """The CPU pool sizes for `batch`'s step (a decode on the NumPy path over OpenBLAS: BLAS threads; else torch's,
+        whose OpenMP pool the quantized layers' C kernels share). The engine holds them over the model call *and* the
+        sampling after it: torch ops run between steps with torch's two threads would wake OpenMP against OpenBLAS
+        threads still spinning (chapter 15a's trap)."""
+        blas = self.numpy_decoder is not None and self.numpy_decoder.uses_blas     # else the C kernels: OpenMP's
+        return self.threads_for(decode=blas and batch.num_tokens <= SMALL_STEP_TOKENS)
 
-    def shutdown(self):
-        "Nothing to give back for one process (chapter 43's runner stops its workers and process group here)."
+    def shutdown(self): pass   # one process: nothing to give back (chapter 43's runner stops its workers here)
 
     def threads_for(self, decode: bool = True):
         "The CPU pools a decode-sized step uses, for small work beside the model (a proposer's heads); none off CPU."

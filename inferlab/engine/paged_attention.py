@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import torch
 from ..model.layers import attention_mask
+from ..model.generate import KVCache
 
 # %% auto #0
-__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'store_kv_reference', 'gather_kv',
-           'prefill_plan', 'paged_prefill_reference', 'decode_plan', 'paged_decode_reference', 'blocks_read',
-           'attention_intensity', 'decode_kv_bytes', 'online_softmax_attention', 'TorchAttention']
+__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'calibrate_kv_scales',
+           'store_kv_reference', 'gather_kv', 'prefill_plan', 'paged_prefill_reference', 'decode_plan',
+           'paged_decode_reference', 'blocks_read', 'attention_intensity', 'decode_kv_bytes',
+           'online_softmax_attention', 'TorchAttention']
 
 # %% ../../nbs/13_paged_attention.ipynb #d880b557
 def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -35,6 +37,17 @@ def kv_quantize(x, scale, dtype):
     y, qmax = x.float() / scale[:, None], KV_QMAX[dtype]
     if dtype == torch.int8: return y.round().clamp(-qmax, qmax).to(torch.int8)
     return y.clamp(-qmax, qmax).to(dtype)            # saturate: E4M3 has no infinity, and a cast may give NaN
+
+@torch.inference_mode()
+def calibrate_kv_scales(model, token_ids: list[int], kv_cache_dtype: str, headroom: float | None = None):
+    """Per layer and KV head, `amax(K) / qmax × headroom` (and for V) over a calibration prompt run with chapter 06's
+    contiguous cache: the engine's scales when it is given none."""
+    # fp8 has range to spare; int8 has steps to lose
+    headroom = headroom or (1.25 if kv_cache_dtype == "int8" else 2.0)
+    cache = KVCache(model.config, 1, len(token_ids), model.dtype, model.device)
+    model.hidden_states(torch.tensor([token_ids], device=model.device), kv_cache=cache)
+    scale = lambda t: kv_scale(t, KV_CACHE_DTYPES[kv_cache_dtype], headroom)   # [kv_heads]
+    return [scale(k) for k in cache.k], [scale(v) for v in cache.v]
 
 # %% ../../nbs/13_paged_attention.ipynb #b21074b3
 def _raw(t):

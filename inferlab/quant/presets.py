@@ -15,6 +15,7 @@ from .linear import (QuantLinear, use_cpu_a16_kernels, parse_weight_format, weig
                                    padded_in_features)
 from .quantize import QuantRecipe, quant_targets, quantize, _set_module
 from .kernels import use_gpu_kernels
+from .cpu_gemv import use_cpu_gemv
 
 # %% auto #0
 __all__ = ['QUANTIZATION_RECIPES', 'check_quantization', 'input_block', 'quantize_model', 'quantize_shard']
@@ -57,8 +58,8 @@ def quantize_model(model: nn.Module, quantization: str, split_inputs: Callable |
             _set_module(model, name, quantize_shard(lin, recipe, reduce_max) if reduce_max else
                         QuantLinear.from_linear(lin, recipe.weights, recipe.activations))
         model.quant_recipe = recipe
-    if recipe.activations is None and split_inputs is None:  # float32 decode rows in bf16 on CPU (chapter 22a);
-        use_cpu_a16_kernels(model)     # not on a TP rank: its bf16 partial sums would round unlike one process's
+    if recipe.activations is None and split_inputs is None:  # float32 decode rows on CPU: C kernels (chapter 24a),
+        if not use_cpu_gemv(model): use_cpu_a16_kernels(model)    # else PyTorch's in bf16 (22a); a TP rank: exact
     use_gpu_kernels(model)                 # Triton dequantize-fused matmuls for layers on CUDA (chapter 24)
     return model
 

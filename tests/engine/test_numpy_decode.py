@@ -70,7 +70,7 @@ def test_greedy_tokens_equal_with_and_without_numpy_path():
     assert outs[0] == outs[1]
 
 @pytest.mark.parametrize("kw, reason", [(dict(kv_cache_dtype="fp8"), "quantized"),
-                                        (dict(quantization="w8a16"), "not packed K-major")])
+                                        (dict(quantization="w8a8"), "no NumPy matmul")])
 def test_refuses_what_it_cannot_run(kw, reason):
     eng = build_engine(load_model(dtype=torch.float32), None, **kw)
     assert eng.runner.numpy_decoder is None

@@ -1,0 +1,76 @@
+"""Chapter 15d's C decode step against chapter 15's NumPy step (the torch path's agreement is tests/engine/
+test_numpy_decode.py, which runs through the engine's default decoder): the same hidden states and K/V writes, for
+GQA, q/k norms, biases, sliding windows and several rows of one sequence; where the C cannot run, the NumPy step."""
+import pytest
+import torch
+from inferlab.model.config import ModelConfig
+from inferlab.model.model import load_model
+from inferlab.model.random_weights import random_model
+from inferlab.model.sampling import SamplingParams
+from inferlab.engine.llm_engine import LLMEngine, EngineConfig
+from inferlab.engine.model_runner import NumpyDecoder, prepare_batch
+from inferlab.engine.c_decode import CDecoder, decode_library
+
+needs_lib = pytest.mark.skipif(decode_library()[0] is None, reason=f"no C library: {decode_library()[1]}")
+
+def _engine(model, prompts, block_size=16, out=3):
+    eng = LLMEngine(model, None, EngineConfig(block_size=block_size))
+    for p in prompts: eng.add_request(p, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    while any(s.num_output_tokens < out for s in eng.requests.values()): eng.step()
+    return eng
+
+def _both(eng):
+    "One decode-only step's hidden states and K/V, through C and through NumPy, from the same cache."
+    batch = eng.scheduler.schedule()
+    ids, pos, meta, _, _ = prepare_batch(batch, eng.config.block_size)
+    cache, dec = eng.runner.kv_cache, eng.runner.numpy_decoder
+    saved = [t.clone() for t in cache.k + cache.v]
+    h_c = dec(ids, pos, meta)
+    kv_c = [t.clone() for t in cache.k + cache.v]
+    for t, s in zip(cache.k + cache.v, saved): t.copy_(s)
+    h_np = NumpyDecoder.__call__(dec, ids, pos, meta)
+    return h_c, h_np, max((a - b).abs().max().item() for a, b in zip(kv_c, cache.k + cache.v))
+
+def _qwen_like(head_dim=16, seed=3):
+    cfg = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                      attention_bias=True, qk_norm=True, layer_windows=[None, 6, 9], max_position_embeddings=256)
+    model = random_model(cfg, seed=seed)
+    for m in model.modules():
+        if getattr(m, "bias", None) is not None: m.bias.data.normal_(0, 0.5)
+    for name, p in model.named_parameters():
+        if "norm" in name: p.data.uniform_(0.5, 1.5)
+    return model
+
+@needs_lib
+def test_tiny_dense_default_engine_decodes_in_c():
+    eng = _engine(load_model(dtype=torch.float32), [list(range(5, 5 + n)) for n in (1, 15, 16, 17, 40, 70, 3)])
+    assert type(eng.runner.numpy_decoder) is CDecoder and eng.runner.numpy_decoder.c_off is None
+    h_c, h_np, kv_err = _both(eng)
+    assert (h_c - h_np).abs().max() < 1e-4 and kv_err < 1e-5
+    assert (h_c - h_np.roll(1, 0)).abs().max() > 0.1                      # the check can tell rows apart
+
+@needs_lib
+def test_qk_norm_bias_windows_gqa():
+    eng = _engine(_qwen_like(), [list(range(1, 1 + n)) for n in (2, 9, 13, 30)], block_size=4)
+    h_c, h_np, kv_err = _both(eng)
+    assert (h_c - h_np).abs().max() < 1e-4 and kv_err < 1e-5
+
+def test_head_dim_not_multiple_of_8_takes_the_numpy_step():
+    eng = _engine(_qwen_like(head_dim=12), [[1, 2, 3], [4, 5, 6, 7, 8]], block_size=4)
+    dec = eng.runner.numpy_decoder
+    assert type(dec) is CDecoder and ("head_dim 12" in dec.c_off or decode_library()[0] is None)
+    h_c, h_np, kv_err = _both(eng)
+    assert torch.equal(h_c, h_np) and kv_err == 0                          # the same code ran
+
+@needs_lib
+def test_greedy_tokens_and_speculative_rows_match_numpy():
+    "Rows of one sequence in one step (a verification) read each other's keys: the C writes them all first."
+    from inferlab.llm import LLM
+    prompts = ["def read_text(path):", "import os\n\ndef list_files(path):"]
+    outs = []
+    for dec in ("c", "numpy"):
+        llm = LLM("tiny-dense", dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+        if dec == "numpy": llm.engine.runner.numpy_decoder.c_off = "forced off for the test"
+        outs.append([o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))])
+    assert outs[0] == outs[1]
