@@ -74,3 +74,9 @@ def test_greedy_tokens_and_speculative_rows_match_numpy():
         if dec == "numpy": llm.engine.runner.numpy_decoder.c_off = "forced off for the test"
         outs.append([o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))])
     assert outs[0] == outs[1]
+
+def test_unwritable_cache_is_a_reason_not_a_crash(tmp_path):
+    from inferlab.engine.c_decode import build_c_library
+    blocker = tmp_path / "a-file"; blocker.write_text("")
+    lib, why = build_c_library("x", "int x(void) { return 1; }", blocker / "cache")
+    assert lib is None and why
