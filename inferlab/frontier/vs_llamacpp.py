@@ -6,16 +6,15 @@ Docs: https://inferlab.github.io/inferlab/vs_llamacpp.html.md"""
 
 # %% ../../nbs/71a_vs_llamacpp.ipynb #9eeb2b35
 from __future__ import annotations
-import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, statistics, subprocess, sys, tempfile
 from pathlib import Path
 import torch
 from ..model.config import shipped_model_path
 from ..model.model import load_model
-from ..model.sampling import SamplingParams
 from ..engine.llm_engine import LLMEngine, EngineConfig
 from ..quant.presets import quantize_model
-from .bench import inferlab_decode_rate
-from .vs_vllm import write_checkpoints
+from .bench import inferlab_decode_rate, inferlab_prefill
+from .vs_vllm import write_checkpoints, add_model_args, parsed_models
 
 # %% auto #0
 __all__ = ['PAIRS', 'gguf_convert', 'llama_bench', 'inferlab_rates', 'vs_llamacpp', 'main']
@@ -52,12 +51,8 @@ def inferlab_rates(model, prompt: int = 512, gen: int = 128, seed: int = 0) -> d
     over `gen` tokens (chapter 70's `decode_rate`)."""
     engine = LLMEngine(model, None, EngineConfig(max_num_seqs=1, max_num_batched_tokens=max(2048, prompt)))
     g = torch.Generator().manual_seed(seed)
-    def prefill() -> float:
-        ids = torch.randint(1, model.config.vocab_size, (prompt,), generator=g).tolist()
-        engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
-        t = time.perf_counter()
-        while engine.has_unfinished(): engine.step()
-        return time.perf_counter() - t
+    prefill = lambda: inferlab_prefill(engine, [torch.randint(1, model.config.vocab_size, (prompt,),
+                                                              generator=g).tolist()])
     prefill()                                                      # warm-up
     pp = prompt / min(prefill() for _ in range(3))
     return dict(pp=pp, tg=inferlab_decode_rate(engine, [1, 2, 3, 4], gen))
@@ -106,11 +101,6 @@ def main(argv=None):
     ap.add_argument("--llama-bench", default=".llamacpp/build/bin/llama-bench", help="the llama-bench binary")
     ap.add_argument("--llama-cpp", required=True, help="llama.cpp's source directory (its converter)")
     ap.add_argument("--script", default="tools/llamacpp_convert.py", help="the conversion script")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--models", default="tiny-dense,llama-100m", help="comma-separated: tiny-dense, llama-100m")
+    add_model_args(ap, rounds=3)
     a = ap.parse_args(argv)
-    models = tuple(m for m in a.models.split(",") if m)
-    bad = set(models) - {"tiny-dense", "llama-100m"}
-    if bad: ap.error(f"--models: unknown {sorted(bad)}; valid: tiny-dense, llama-100m")
-    if not 1 <= a.rounds <= 10: ap.error(f"--rounds: must be in [1, 10], got {a.rounds}")
-    vs_llamacpp(a.llama_bench, a.llama_cpp, a.rounds, models, script=a.script)
+    vs_llamacpp(a.llama_bench, a.llama_cpp, a.rounds, parsed_models(ap, a), script=a.script)

@@ -16,7 +16,8 @@ from .bench import bench_workloads, run_engine, inferlab_decode_rate
 from ..model.random_weights import random_model, llama_100m_config
 
 # %% auto #0
-__all__ = ['KV_CACHE_GIB', 'write_checkpoints', 'VllmPeer', 'inferlab_startup', 'vs_vllm', 'main']
+__all__ = ['KV_CACHE_GIB', 'MODELS', 'write_checkpoints', 'VllmPeer', 'inferlab_startup', 'vs_vllm', 'main', 'add_model_args',
+           'parsed_models']
 
 # %% ../../nbs/71_vs_vllm.ipynb #d6d7fef0
 KV_CACHE_GIB = 2   # KV cache for each engine (vLLM: VLLM_CPU_KVCACHE_SPACE; inferlab: kv_cache_memory)
@@ -146,11 +147,20 @@ def main(argv=None):
                                  description="inferlab vs vLLM's CPU backend (make bench-vllm)")
     ap.add_argument("--python", default=".venv-vllm/bin/python", help="the Python of the environment with vllm-cpu")
     ap.add_argument("--peer", default="tools/vllm_peer.py", help="the peer script that environment runs")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--models", default="tiny-dense,llama-100m", help="comma-separated: tiny-dense, llama-100m")
+    add_model_args(ap, rounds=2)
     a = ap.parse_args(argv)
+    vs_vllm(a.python, a.peer, a.rounds, models=parsed_models(ap, a))
+
+MODELS = ("tiny-dense", "llama-100m")          # the checkpoints `write_checkpoints` makes
+
+def add_model_args(ap: argparse.ArgumentParser, rounds: int):
+    "The options every peer benchmark takes: `--rounds` (alternating rounds) and `--models`."
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+
+def parsed_models(ap: argparse.ArgumentParser, a) -> tuple[str, ...]:
+    "The `--models` asked for, once they and `--rounds` are checked (else an argparse error naming the option)."
     models = tuple(m for m in a.models.split(",") if m)
-    bad = set(models) - {"tiny-dense", "llama-100m"}
-    if bad: ap.error(f"--models: unknown {sorted(bad)}; valid: tiny-dense, llama-100m")
+    if bad := set(models) - set(MODELS): ap.error(f"--models: unknown {sorted(bad)}; valid: {', '.join(MODELS)}")
     if not 1 <= a.rounds <= 10: ap.error(f"--rounds: must be in [1, 10], got {a.rounds}")
-    vs_vllm(a.python, a.peer, a.rounds, models=models)
+    return models
