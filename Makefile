@@ -66,6 +66,18 @@ $(LLAMACPP_DIR)/build/bin/llama-bench:
 	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 	cmake --build $(LLAMACPP_DIR)/build -j2 --target llama-bench
 
+## lm-eval-check: EleutherAI's lm-evaluation-harness (in its own .venv-lmeval), offline, on two local tasks
+## (tools/lmeval/: multiple choice on Python code, perplexity of held-out snippets): through `inferlab serve`
+## (local-completions; prefix cache off, cold, warm) and `--model hf` on the same checkpoint: the same accuracy,
+## every loglikelihood within 1e-3 (tools/lmeval_check.py)
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_SPEC ?= "lm-eval[hf,api]==0.4.13" "transformers==5.25.0"
+.PHONY: lm-eval-check
+lm-eval-check: install
+	@test -x $(LMEVAL_VENV)/bin/lm_eval || { $(PYTHON) -m venv $(LMEVAL_VENV) && \
+	  $(LMEVAL_VENV)/bin/python -m pip -q --disable-pip-version-check install "$(TORCH_SPEC)" $(LMEVAL_SPEC); }
+	$(BIN)/python tools/lmeval_check.py --lm-eval $(LMEVAL_VENV)/bin/lm_eval
+
 ## gpu-check: on a GPU machine whose python3 already has torch (CUDA) and triton: no venv, no pip, nothing downloaded.
 ## Every Triton kernel against its torch reference, paged decode attention against the measured copy bandwidth, CUDA
 ## graphs against eager, batch-1 MBU of a random-weight 1B Llama (graphs on and off), offline throughput, GPU = CPU

@@ -1,4 +1,10 @@
-"""A literate, tested reference implementation of the LLM inference stack: model, runtime, quantization, speculation, parallelism, serving and fleet"""
+"""A literate, tested reference implementation of the LLM inference stack: model, runtime, quantization, speculation, parallelism, serving and fleet
+
+Modules:
+
+- `inferlab.engine.structured`: A grammar becomes a mask over the vocabulary at every step: JSON that parses, a string from a list, a regex, a tool call that matches its schema. The automaton, its cost per step, what tokens do to it, and where it sits in the engine step.
+- `inferlab.frontier.structured_bench`: The step time of a batch whose every request is constrained by a JSON schema, against the same batch free, at batch 1 and at a full batch: the grammar mask's price in the engine step, as `inferlab bench` prints it.
+- `inferlab.serve.structured_api`: What a client sends to ask for structure — OpenAI's `response_format` and `tools`, vLLM's `structured_outputs` — becomes one `StructuredOutputsParams` for the engine (chapter 16a); a tool call comes back as `tool_calls`."""
 
 __version__ = "0.1.0"
 

@@ -53,6 +53,10 @@ class RequestOutput:
     top_logprobs: list[dict] = field(default_factory=list)
     metrics: RequestMetrics | None = None
     error: Exception | None = None
+    # asked with `prompt_logprobs` (vLLM's field): one entry per prompt token, None for the first (nothing before it)
+    prompt_logprobs: list[float | None] = field(default_factory=list)     # log p(token i | tokens before it)
+    prompt_top_logprobs: list[dict | None] = field(default_factory=list)  # the k most likely there {token: logprob}
+    prompt_ranks: list[int | None] = field(default_factory=list)          # 1 + how many tokens were more likely
 
     @property
     def tpot(self) -> float | None:

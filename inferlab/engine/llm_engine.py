@@ -16,17 +16,19 @@ from ..model.tokenizer import Tokenizer
 from ..model.sampling import SamplingParams, token_logprobs
 from ..model.generate import check_prompt, detokenize_and_check
 from .kv_memory import num_kv_blocks, kv_block_bytes, available_memory
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, as_params, prompt_ids
+from .structured import Constraints
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig, ScheduledBatch
 from .model_runner import ModelRunner, sample_batch, pack_model
+from .prompt_logprobs import take_prompt_rows
 from .paged_attention import calibrate_kv_scales
 from .c_decode import CDecoder
 from .paged_attention import KV_CACHE_DTYPES
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
 # %% auto #0
-__all__ = ['EngineConfig', 'Speculator', 'KVConnector', 'kv_scales_for', 'local_runner', 'LLMEngine', 'as_params', 'prompt_ids']
+__all__ = ['EngineConfig', 'Speculator', 'KVConnector', 'kv_scales_for', 'local_runner', 'LLMEngine']
 
 # %% ../../nbs/16_llm_engine.ipynb #fba2478e
 @dataclass
@@ -116,32 +118,12 @@ class LLMEngine(Engine):
         self.speculator = speculator
         self.kv_connector: KVConnector | None = None
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
+        self.constraints = Constraints(tokenizer, cfg.vocab_size, self.eos_ids)   # penalties, masks (05a, 16a)
         self.requests: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}
         self.num_steps = self.num_prefill_tokens = self.num_decode_tokens = 0
         self._step_lock = threading.Lock()      # one caller of step() at a time (see step)
         self._aborted: list[Sequence] = []      # aborted since the last step: their final outputs are still owed
-
-# %% ../../nbs/16_llm_engine.ipynb #227ca6a8
-def as_params(p) -> SamplingParams:
-    "A `SamplingParams` from itself, a dict or None; a bad field raises `ValueError` naming it."
-    if p is None: return SamplingParams()
-    if isinstance(p, SamplingParams): return p
-    if isinstance(p, dict):
-        unknown = set(p) - set(SamplingParams.__dataclass_fields__)
-        if unknown: raise ValueError(f"{sorted(unknown)[0]}: not a sampling parameter")
-        return SamplingParams(**p)
-    raise ValueError(f"params: expected SamplingParams or dict, got {type(p).__name__}")
-
-def prompt_ids(tokenizer, prompt) -> list[int]:
-    "A prompt's token ids: text through the tokenizer, or a list of ids as given; anything else is a ValueError."
-    if isinstance(prompt, str):
-        if tokenizer is None: raise ValueError("prompt: text given but the engine has no tokenizer")
-        return tokenizer.encode(prompt)
-    if not isinstance(prompt, (list, tuple)):
-        raise ValueError(f"prompt: expected text or a list of token ids, got {type(prompt).__name__}")
-    if any(isinstance(t, bool) for t in prompt): raise ValueError("prompt: token ids must be integers, not booleans")
-    return list(prompt)
 
 # %% ../../nbs/16_llm_engine.ipynb #d91bd738
 @patch
@@ -167,6 +149,7 @@ def add_request(self: LLMEngine, prompt: str | list[int], params: SamplingParams
     if rid in self.requests and not self.requests[rid].is_finished:
         raise ValueError(f"request_id: {rid!r} is already in flight")
     seq = Sequence(ids, params, rid, priority, arrival_time)
+    self.constraints.start(seq)              # a structure that does not compile is refused here, alone
     self.requests[rid], self.prompts[rid] = seq, prompt if isinstance(prompt, str) else None
     self.scheduler.add(seq)
     return rid
@@ -193,11 +176,13 @@ def append_token(self: LLMEngine, seq: Sequence, tok: int, logits: torch.Tensor 
     p, tk = seq.params, self.tokenizer
     if seq.first_token_time is None: seq.first_token_time = time.perf_counter()
     seq.append_token(tok)
+    complete = self.constraints.accept(seq, tok)     # its grammar (if any) moves past the token
     if p.logprobs is not None:
         lp, tops = token_logprobs(logits, tok, p.logprobs); seq.logprobs.append(lp); seq.top_logprobs.append(tops)
     budget = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
     seq.text, seq.detok_offsets, reason = detokenize_and_check(tk, seq.token_ids, seq.text, seq.detok_offsets, p,
                                                                self.eos_ids, seq.num_output_tokens, budget)
+    if reason is None and complete: reason = "stop"    # a structured output is whole (chapter 16a)
     if reason is not None:
         if self.kv_connector is not None: self.kv_connector.save(self, seq)   # before the blocks go back to the pool
         self.scheduler.finish(seq, reason)
@@ -212,12 +197,14 @@ def output(self: LLMEngine, seq: Sequence) -> RequestOutput:
                        seq.num_preemptions)
     return RequestOutput(seq.request_id, self.prompts.get(seq.request_id), seq.prompt_token_ids, seq.text,
                          seq.output_token_ids, seq.is_finished, seq.finish_reason, new_text,
-                         list(seq.logprobs), list(seq.top_logprobs), m, seq.error)
+                         list(seq.logprobs), list(seq.top_logprobs), m, seq.error, list(seq.prompt_logprobs),
+                         list(seq.prompt_top_logprobs), list(seq.prompt_ranks))
 
 @patch
 def _forget(self: LLMEngine, request_id: str):
     "A finished request whose final output was returned leaves the engine: memory stays flat over any number."
-    self.requests.pop(request_id, None); self.prompts.pop(request_id, None)
+    seq = self.requests.pop(request_id, None); self.prompts.pop(request_id, None)
+    if seq is not None: self.constraints.release(seq)
 
 # %% ../../nbs/16_llm_engine.ipynb #e51fb371
 @patch
@@ -227,8 +214,10 @@ def count(self: LLMEngine, batch: ScheduledBatch):
 
 @patch
 def _sample(self: LLMEngine, logits: torch.Tensor, seqs: list[Sequence]) -> list:
-    "One token per row, or the exception that row raised: rows with non-finite logits fail alone."
+    """One token per row, or the exception that row raised: rows with non-finite logits fail alone. Penalties and
+    grammar masks (chapter 16a) change a constrained row's logits first."""
     finite = torch.isfinite(logits).all(-1).tolist()
+    logits = self.constraints.apply(logits, seqs)        # `logits` itself when no row is constrained
     if all(finite):
         try: return sample_batch(logits, seqs)
         except Exception: pass              # find the row at fault below
@@ -259,6 +248,7 @@ def finish(self: LLMEngine, batch: ScheduledBatch, result) -> list[RequestOutput
         if self.speculator is not None:
             for seq in batch.seqs: self.speculator.release(seq)
         return outs
+    result = take_prompt_rows(batch, *result, extra_rows=not getattr(self.speculator, "aux_layers", ()))   # 15e
     if self.speculator is not None: return self.speculator.verify(self, batch, *result)
     return self.process(batch, *result[:2])
 
@@ -342,6 +332,8 @@ def add_prefilled(self: LLMEngine, prompt_token_ids: list[int], first_token: int
     was."""
     params = as_params(params)
     if params.logprobs is not None: raise ValueError("logprobs: not available for a prompt prefilled elsewhere")
+    if params.prompt_logprobs is not None:    # the prompt's logits were computed, and dropped, on the other engine
+        raise ValueError("prompt_logprobs: not available for a prompt prefilled elsewhere (its logits stayed there)")
     rid = self.add_request(prompt_token_ids, params, request_id)
     seq, sched, bm = self.requests[rid], self.scheduler, self.block_manager
     sched.waiting.remove(seq)                # it skips the waiting queue: its prefill is done

@@ -73,12 +73,12 @@ def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
 
 def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
     """Packed `input_ids [T]`, `positions [T]`, `AttentionMetadata`, `logits_indices [R]` and the sequence of each
-    sampled row (`batch.num_sampled[i]` rows for `seqs[i]`: its last positions this step). An entry that samples at
-    every position it computes (a decode; speculation's last token + drafts) becomes one decode row per token: row
-    `p` attends to positions `0..p`, whose K/V the step writes before any attention reads."""
+    row: `seqs[i]`'s `num_prompt_rows[i]` prompt-logprob rows, then its `num_sampled[i]` sampled rows (its last
+    positions). An entry that samples at every position it computes (a decode; speculation's last token + drafts)
+    becomes one decode row per token: row `p` attends to `0..p`, whose K/V the step writes before attention reads."""
     ids, pos, slots, logits_idx, samplers = [], [], [], [], []
     pre_cu, pre_lens, pre_tables, dec_lens, dec_tables = [0], [], [], [], []
-    for seq, n, k in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled):
+    for seq, n, k, m in zip(batch.seqs, batch.num_new_tokens, batch.num_sampled, batch.num_prompt_rows):
         start, bt = seq.num_computed_tokens, seq.block_table
         tokens = seq.token_ids + seq.draft_token_ids if seq.draft_token_ids else seq.token_ids
         ids += tokens[start:start + n]
@@ -88,7 +88,8 @@ def prepare_batch(batch: ScheduledBatch, block_size: int, device="cpu"):
             if dec_lens: raise ValueError("prepare_batch: a prefill chunk comes after decode rows; prefills go first")
             pre_cu.append(pre_cu[-1] + n); pre_lens.append(start + n); pre_tables.append(bt)
         else: dec_lens += range(start + 1, start + n + 1); dec_tables += [bt] * n
-        logits_idx += range(len(ids) - k, len(ids)); samplers += [seq] * k
+        if m: e = len(ids) - n + min(n, seq.num_prompt_tokens - 1 - start); logits_idx += range(e - m, e)  # to P - 2
+        logits_idx += range(len(ids) - k, len(ids)); samplers += [seq] * (m + k)
     t = lambda x, dt=torch.int32: torch.tensor(x, dtype=dt, device=device)
     meta = AttentionMetadata(t(slots, torch.int64), pre_cu[-1], t(pre_cu), t(pre_lens), _pad_tables(pre_tables, device),
                              t(dec_lens), _pad_tables(dec_tables, device))

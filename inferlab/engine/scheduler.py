@@ -14,7 +14,7 @@ from .sequence import Sequence, SequenceStatus
 from .block_manager import BlockManager
 
 # %% auto #0
-__all__ = ['SchedulerConfig', 'ScheduledBatch', 'Scheduler', 'dry_run']
+__all__ = ['SchedulerConfig', 'ScheduledBatch', 'prompt_rows', 'Scheduler', 'dry_run']
 
 # %% ../../nbs/14_scheduler.ipynb #178aa794
 @dataclass
@@ -37,11 +37,13 @@ class ScheduledBatch:
     """One step's work: `seqs[i]` computes `num_new_tokens[i]` tokens and samples at its last `num_sampled[i]`
     positions (1 when the step reaches the end of its tokens, 0 for an unfinished prefill chunk; k + 1 when
     speculation verifies k drafts: its last token and the drafts). Entries that sample at every position they
-    compute (decodes, verifications) come last: the runner runs them as decode rows, one per token."""
+    compute (decodes, verifications) come last: the runner runs them as decode rows, one per token. A prefill chunk
+    of a request that asks for prompt logprobs also returns `num_prompt_rows[i]` rows of logits (`prompt_rows`)."""
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     num_sampled: list[int] = field(default_factory=list)
+    num_prompt_rows: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.num_sampled:   # the default: sample once where a step reaches the end of a sequence's tokens
@@ -51,6 +53,12 @@ class ScheduledBatch:
                 or any(not 0 <= k <= n for k, n in zip(self.num_sampled, self.num_new_tokens))):
             raise ValueError(f"num_sampled: one count per sequence, each in [0, num_new_tokens], "
                              f"got {self.num_sampled}")
+        if not self.num_prompt_rows: self.num_prompt_rows = [0] * len(self.seqs)   # the default: no prompt logprobs
+        elif len(self.num_prompt_rows) != len(self.seqs) or any(
+                m and not 0 < m <= n - k for m, n, k in zip(self.num_prompt_rows, self.num_new_tokens,
+                                                            self.num_sampled)):
+            raise ValueError(f"num_prompt_rows: one count per sequence, each in [0, num_new_tokens - num_sampled], "
+                             f"got {self.num_prompt_rows}")
 
     @property
     def num_tokens(self) -> int: return sum(self.num_new_tokens)
@@ -64,6 +72,14 @@ class ScheduledBatch:
         return sum(n for n, k in zip(self.num_new_tokens, self.num_sampled) if k == n)
     @property
     def is_empty(self) -> bool: return not self.seqs
+
+# %% ../../nbs/14_scheduler.ipynb #4dceeb89
+def prompt_rows(seq: Sequence, n: int) -> int:
+    """Rows of logits a step computing `n` tokens of `seq` owes its prompt logprobs: the positions of the step, from
+    the first prompt token not yet scored up to the prompt's next-to-last (0 if it asked for none)."""
+    if seq.params.prompt_logprobs is None: return 0
+    start = seq.num_computed_tokens
+    return max(0, min(start + n, seq.num_prompt_tokens - 1) - max(start, len(seq.prompt_logprobs) - 1))
 
 # %% ../../nbs/14_scheduler.ipynb #0ccaad9f
 def _priority_key(seq: Sequence): return (seq.priority, seq.arrival_time, seq.seq_id)
@@ -118,6 +134,8 @@ def schedule(self: Scheduler) -> ScheduledBatch:
     while self.waiting and not preempted and budget > 0 and len(self.running) < cfg.max_num_seqs:
         seq = self.waiting[0]
         hits = bm.prefix_hits(seq)                            # hashed once, used by the check and the action
+        if seq.params.prompt_logprobs is not None:            # cached blocks never had their logits computed:
+            hits = hits[:(len(seq.prompt_logprobs) - 1) // bm.block_size]   # read only blocks already scored
         if not bm.can_allocate(seq, hits): break
         if not cfg.enable_chunked_prefill and seq.num_tokens - len(hits) * bm.block_size > budget:
             break                                             # the whole prompt must fit this step
@@ -132,7 +150,9 @@ def schedule(self: Scheduler) -> ScheduledBatch:
     sampled = {s: len(s.draft_token_ids) + 1 if s.draft_token_ids else
                int(s.num_computed_tokens + n == s.num_tokens) for s, n in picked.items()}
     order = sorted(picked, key=lambda s: sampled[s] == picked[s])   # prefill chunks first, then decode rows (stable)
-    return ScheduledBatch(order, [picked[s] for s in order], preempted, [sampled[s] for s in order])
+    rows = [prompt_rows(s, picked[s]) if s.params.prompt_logprobs is not None else 0 for s in order]
+    return ScheduledBatch(order, [picked[s] for s in order], preempted, [sampled[s] for s in order],
+                          rows if any(rows) else [])
 
 @patch
 def _fit_drafts(self: Scheduler, seq: Sequence, budget: int) -> int:

@@ -10,7 +10,7 @@ import enum, itertools, time
 from ..model.sampling import SamplingParams, make_generator
 
 # %% auto #0
-__all__ = ['SequenceStatus', 'Sequence']
+__all__ = ['SequenceStatus', 'Sequence', 'as_params', 'prompt_ids']
 
 # %% ../../nbs/11_sequence.ipynb #efa03c15
 class SequenceStatus(enum.Enum):
@@ -50,6 +50,9 @@ class Sequence:
         self.detok_offsets = (max(0, self.num_prompt_tokens - 5), self.num_prompt_tokens)
         self.logprobs: list[float] = []
         self.top_logprobs: list[dict] = []
+        # prompt logprobs (chapter 15e): one entry per prompt token computed so far; the first token has none
+        first = [None] if self.params.prompt_logprobs is not None else []
+        self.prompt_logprobs, self.prompt_top_logprobs, self.prompt_ranks = list(first), list(first), list(first)
 
     @property
     def num_tokens(self) -> int: return len(self.token_ids)
@@ -68,3 +71,24 @@ class Sequence:
     def __repr__(self):
         return (f"Sequence(id={self.seq_id}, {self.status.value}, tokens={self.num_tokens} "
                 f"(prompt {self.num_prompt_tokens}), computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+# %% ../../nbs/11_sequence.ipynb #227ca6a8
+def as_params(p) -> SamplingParams:
+    "A `SamplingParams` from itself, a dict or None; a bad field raises `ValueError` naming it."
+    if p is None: return SamplingParams()
+    if isinstance(p, SamplingParams): return p
+    if isinstance(p, dict):
+        unknown = set(p) - set(SamplingParams.__dataclass_fields__)
+        if unknown: raise ValueError(f"{sorted(unknown)[0]}: not a sampling parameter")
+        return SamplingParams(**p)
+    raise ValueError(f"params: expected SamplingParams or dict, got {type(p).__name__}")
+
+def prompt_ids(tokenizer, prompt) -> list[int]:
+    "A prompt's token ids: text through the tokenizer, or a list of ids as given; anything else is a ValueError."
+    if isinstance(prompt, str):
+        if tokenizer is None: raise ValueError("prompt: text given but the engine has no tokenizer")
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)):
+        raise ValueError(f"prompt: expected text or a list of token ids, got {type(prompt).__name__}")
+    if any(isinstance(t, bool) for t in prompt): raise ValueError("prompt: token ids must be integers, not booleans")
+    return list(prompt)

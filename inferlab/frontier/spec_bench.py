@@ -228,15 +228,20 @@ def run_spec_bench(seed: int = 1, rounds: int = 3, log=print) -> list[dict]:
             f"the same pieces less their first line; {ed[m]['accepted_length']:.2f} tokens per verification")
     return rows
 
+# %% ../../nbs/73_spec_bench.ipynb #50d840ea
 def main(argv=None):
-    "`inferlab bench`: chapter 70's comparison with HF, then the speculation rows (`--spec-only`, `--no-spec`)."
+    """`inferlab bench`: chapter 70's comparison with HF, the speculation rows, then structured outputs' (chapter 73a):
+    `--spec-only`, `--no-spec`, `--structured-only`."""
     import argparse
     from inferlab.frontier import bench
+    from inferlab.frontier.structured_bench import run_structured_bench
     ap = argparse.ArgumentParser(prog="inferlab bench", add_help=False)
-    ap.add_argument("--spec-only", action="store_true"); ap.add_argument("--no-spec", action="store_true")
+    for f in ("--spec-only", "--no-spec", "--structured-only"): ap.add_argument(f, action="store_true")
     a, rest = ap.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
-        print("inferlab bench [--spec-only | --no-spec] plus chapter 70's options:"); return bench.main(rest)
-    if not a.spec_only: bench.main(rest)
-    if not a.no_spec: run_spec_bench()
+        print("inferlab bench [--spec-only | --no-spec | --structured-only] plus chapter 70's options:")
+        return bench.main(rest)
+    if not (a.spec_only or a.structured_only): bench.main(rest)
+    if not (a.no_spec or a.structured_only): run_spec_bench()
+    if not a.spec_only: run_structured_bench()
     return 0

@@ -12,6 +12,7 @@ import torch
 from .config import ModelConfig
 from .sampling import SamplingParams, sample, make_generator, token_logprobs
 from .tokenizer import Tokenizer, detokenize_incremental
+from .logits_process import LogitsRow, apply_logits_processors, bad_words_token_ids
 from .layers import attention_mask, sdpa_reference
 
 # %% auto #0
@@ -95,6 +96,10 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int],
                  params: SamplingParams | None = None) -> GenerationOutput:
     "Generate for one prompt (text or token ids) with a contiguous KV cache. With `tok=None`: token ids only, no text."
     params = params or SamplingParams()
+    if params.structured_outputs is not None:
+        raise ValueError("structured_outputs: the reference generate does not constrain the form of the output; "
+                         "the engine applies structure (chapter 16a)")
+    if params.bad_words and tok is None: raise ValueError("bad_words: need a tokenizer to find their token ids")
     cfg = model.config
     prompt_ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
     check_prompt(prompt_ids, cfg)
@@ -102,6 +107,8 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int],
     budget = min(params.max_tokens, cfg.max_position_embeddings - len(prompt_ids))
     eos = set(cfg.eos_token_ids) | ({getattr(tok, "eos_token_id", None)} - {None})
     gen = make_generator(params, model.device)
+    stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos))
+    bad = bad_words_token_ids(tok, params.bad_words) if params.bad_words else ()
     cache = KVCache(cfg, 1, len(prompt_ids) + budget, model.dtype, model.device)
     t0, x = time.perf_counter(), torch.tensor([prompt_ids], device=model.device)
     # Detokenize from 5 tokens before the end of the prompt (as vLLM does): tokenizers that drop a leading space
@@ -110,7 +117,11 @@ def generate_one(model, tok: Tokenizer | None, prompt: str | list[int],
     for step in range(budget):
         h = model.hidden_states(x, kv_cache=cache)[0, -1]                # [hidden]: only the last position is sampled
         logits = model.lm_head(h)                                         # [vocab]
-        t = sample(logits, params, gen)
+        z = logits                   # what is sampled; logprobs stay the model's own (vLLM's default, raw_logprobs)
+        if params.constrained:       # penalties, biases, min_tokens, bad words (chapter 05a)
+            row = LogitsRow(params, prompt_ids, out.token_ids, stop_ids, bad)
+            z = apply_logits_processors(logits[None].float(), [row])[0]
+        t = sample(z, params, gen)
         if step == 0: out.ttft_s = time.perf_counter() - t0
         out.token_ids.append(t); all_ids.append(t)
         if params.logprobs is not None:

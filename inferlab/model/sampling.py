@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 # %% auto #0
-__all__ = ['MAX_LOGPROBS', 'SamplingParams', 'apply_top_k', 'apply_top_p', 'apply_min_p', 'processed_logits', 'probs_from_logits',
-           'make_generator', 'sample', 'token_logprobs', 'chi2_quantile', 'chi2_statistic', 'sample_rows']
+__all__ = ['MAX_LOGPROBS', 'SamplingParams', 'StructuredOutputsParams', 'apply_top_k', 'apply_top_p', 'apply_min_p',
+           'processed_logits', 'probs_from_logits', 'make_generator', 'sample', 'token_logprobs', 'chi2_quantile',
+           'chi2_statistic', 'sample_rows']
 
 # %% ../../nbs/05_sampling.ipynb #625909fc
 MAX_LOGPROBS = 20   # the most top log-probabilities a request may ask for (vLLM's default max_logprobs)
@@ -30,6 +31,15 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None     # return the log-probability of each sampled token (and this many top ones)
+    # what constrains the distribution, per request (chapter 05a; checked by `_check_extras` below)
+    presence_penalty: float = 0.0   # OpenAI: subtracted once from every token already generated; in [-2, 2]
+    frequency_penalty: float = 0.0  # OpenAI: subtracted once per occurrence in the output; in [-2, 2]
+    repetition_penalty: float = 1.0 # CTRL / HF: tokens of prompt and output, positive logits / it, negative * it
+    logit_bias: dict[int, float] | None = None     # token id -> added to its logit; in [-100, 100]
+    min_tokens: int = 0             # EOS and stop tokens are masked until this many tokens are out
+    bad_words: list[str] = field(default_factory=list)              # never generated
+    prompt_logprobs: int | None = None             # log-probabilities of the prompt's tokens (and this many top)
+    structured_outputs: "StructuredOutputsParams | None" = None     # JSON schema, regex, choice or grammar (16a)
 
     def __post_init__(self):
         if self.stop is None: self.stop = []                      # as in vLLM and the OpenAI API: no stop strings
@@ -60,9 +70,99 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs: must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        self._check_extras()
 
     @property
     def greedy(self) -> bool: return self.temperature == 0
+
+# %% ../../nbs/05_sampling.ipynb #2319117f
+from fastcore.basics import patch
+import json
+
+@dataclass
+class StructuredOutputsParams:
+    """What the output must look like (vLLM's names): exactly one of a JSON schema, any JSON object, a regex, one of
+    a list of strings, or an EBNF grammar (chapter 16a compiles it into a token mask per step)."""
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self):
+        given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs: set exactly one of json, json_object, regex, choice, grammar; "
+                             f"got {given or 'none'}")
+        if isinstance(self.json, str):
+            try: self.json = json.loads(self.json)
+            except ValueError as e: raise ValueError(f"structured_outputs.json: not valid JSON ({e})") from None
+        if self.json is not None and not isinstance(self.json, (dict, bool)):
+            raise ValueError(f"structured_outputs.json: a JSON schema is an object, got {type(self.json).__name__}")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or any(not isinstance(c, str) or not c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice: a non-empty list of non-empty strings, got {self.choice!r}")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"structured_outputs.{name}: a non-empty string, got {v!r}")
+
+    @property
+    def key(self) -> tuple:
+        "What a compiled grammar is cached under: the kind and its canonical text."
+        if self.json is not None: return ("json", json.dumps(self.json, sort_keys=True))
+        if self.json_object: return ("json_object", "")
+        if self.choice is not None: return ("choice", json.dumps(list(self.choice)))
+        return ("regex", self.regex) if self.regex is not None else ("grammar", self.grammar)
+
+# %% ../../nbs/05_sampling.ipynb #e36ec2fe
+def _number_in(v, lo: float, hi: float, lo_open: bool = False) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > lo if lo_open else v >= lo) and v <= hi)
+
+@patch
+def _check_extras(self: SamplingParams):
+    "Penalties, biases, minimum length, bad words, prompt logprobs and structure: refused up front, naming the field."
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not _number_in(getattr(self, name), -2, 2):
+            raise ValueError(f"{name}: must be a number in [-2, 2], got {getattr(self, name)!r}")
+    if not _number_in(self.repetition_penalty, 0, math.inf, lo_open=True):
+        raise ValueError(f"repetition_penalty: must be a finite number > 0, got {self.repetition_penalty!r}")
+    if self.logit_bias is not None:
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias: must map token ids to biases, got {type(self.logit_bias).__name__}")
+        bias = {}
+        for k, v in self.logit_bias.items():         # JSON object keys are strings: "50256" means token 50256
+            tok = int(k) if isinstance(k, str) and k.strip().isdigit() else k
+            if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                raise ValueError(f"logit_bias: key {k!r} is not a token id")
+            if not _number_in(v, -100, 100):
+                raise ValueError(f"logit_bias: bias {v!r} for token {k} is not in [-100, 100]")
+            bias[tok] = float(v)
+        self.logit_bias = bias or None
+    m = self.min_tokens
+    if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= self.max_tokens:
+        raise ValueError(f"min_tokens: must be an integer in [0, max_tokens={self.max_tokens}], got {m!r}")
+    self.bad_words = [] if self.bad_words is None else self.bad_words
+    if not isinstance(self.bad_words, (list, tuple)) or any(not isinstance(w, str) or not w for w in self.bad_words):
+        raise ValueError(f"bad_words: must be a list of non-empty strings, got {self.bad_words!r}")
+    self.bad_words = list(self.bad_words)
+    k = self.prompt_logprobs
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
+        raise ValueError(f"prompt_logprobs: must be an integer in [0, {MAX_LOGPROBS}] or None, got {k!r}")
+    if isinstance(self.structured_outputs, dict):
+        try: self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        except TypeError as e: raise ValueError(f"structured_outputs: {e}") from None
+    if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+        raise ValueError(f"structured_outputs: expected StructuredOutputsParams or a dict, "
+                         f"got {type(self.structured_outputs).__name__}")
+
+@patch(as_prop=True)
+def constrained(self: SamplingParams) -> bool:
+    "Does anything change the logits before sampling (chapter 05a's processors or a structure mask)?"
+    return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1 or self.logit_bias
+                or self.min_tokens or self.bad_words or self.structured_outputs is not None)
 
 # %% ../../nbs/05_sampling.ipynb #801f286f
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/api_server.html.md"""
 
 # %% ../../nbs/54_api_server.ipynb #4a85395b
 from __future__ import annotations
-import asyncio, contextlib, hmac, signal, sys, threading, time
+import asyncio, contextlib, hmac, json, signal, sys, threading, time
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,8 +17,9 @@ from .metrics import ServerMetrics
 from .protocol import (OpenAIError, param_of, CompletionRequest, ChatCompletionRequest, parse_request,
                                      prompt_list,
                                      sampling_params, render_chat, new_id, usage, sse, finish_reason,
-                                     completion_logprobs, chat_logprobs,
+                                     completion_logprobs, chat_logprobs, echo_logprobs, prompt_logprobs_json,
                                      completion_response, completion_chunk, chat_response, chat_chunk, usage_chunk)
+from .structured_api import structured_plan, with_structure, chat_message, tool_call_delta
 
 # %% auto #0
 __all__ = ['MAX_BODY_BYTES', 'MAX_PROMPTS', 'Run', 'ServerState', 'read_body', 'completions', 'chat_completions', 'list_models',
@@ -109,16 +110,18 @@ def _state(request: Request) -> ServerState: return request.app.state.inferlab
 # %% ../../nbs/54_api_server.ipynb #ad9c32d2
 async def completions(request: Request):
     st = _state(request)
-    req = parse_request(await read_body(request), CompletionRequest)
+    body = await read_body(request)
+    req = parse_request(body, CompletionRequest)
+    plan = structured_plan(json.loads(body), chat=False)     # structured_outputs / response_format (chapter 51a)
     st.check_model(req.model)
     if req.suffix is not None: raise OpenAIError(400, "suffix: not supported", "suffix")
-    if req.echo and req.logprobs is not None: raise OpenAIError(400,
-            "echo: not supported with logprobs (no prompt logprobs)", "echo")
     prompts = prompt_list(req.prompt)
     if len(prompts) > MAX_PROMPTS: raise OpenAIError(400, f"prompt: at most {MAX_PROMPTS} prompts per request",
                                                      "prompt")
     ids = [st.encode(p) for p in prompts]
-    jobs = [(k * req.n + c, p, sampling_params(req, len(p), st.engine.max_model_len, st.defaults, c))
+    vocab = getattr(st.engine.model_config, "vocab_size", None)          # what a logit_bias key may name
+    jobs = [(k * req.n + c, p, with_structure(sampling_params(req, len(p), st.engine.max_model_len, st.defaults, c,
+                                                              vocab_size=vocab), plan))
             for k, p in enumerate(ids) for c in range(req.n)]
     echo = {k * req.n + c: (p if isinstance(p, str) else st.tokenizer.decode(q)) if req.echo else ""
             for k, (p, q) in enumerate(zip(prompts, ids)) for c in range(req.n)}
@@ -127,12 +130,21 @@ async def completions(request: Request):
     prompt_tokens = sum(map(len, ids))
     if req.stream: return _sse(_completion_stream(st, req, run, created, echo, prompt_tokens))
     finals = await _unless_disconnected(request, run)
-    choices = [{"index": i, "text": echo[i] + out.text, "finish_reason": out.finish_reason,
-                "logprobs": None if req.logprobs is None else
-                completion_logprobs(st.tokenizer, out.token_ids, out.logprobs, out.top_logprobs, len(echo[i]))}
-               for i, out in sorted(finals.items())]
-    return completion_response(run.base_id, st.model_name, created, choices,
-                               usage(prompt_tokens, sum(len(o.token_ids) for o in finals.values())))
+    choices = [_completion_choice(st, req, i, out, echo[i]) for i, out in sorted(finals.items())]
+    shown = 0 if req.max_tokens == 0 else sum(len(o.token_ids) for o in finals.values())
+    return completion_response(run.base_id, st.model_name, created, choices, usage(prompt_tokens, shown))
+
+def _completion_choice(st, req, i: int, out, echo: str) -> dict:
+    """One choice of a whole completion: the echoed prompt and the text, their logprobs as asked (with `echo`, the
+    scoring form), vLLM's `prompt_logprobs` if asked. With `max_tokens` 0 the one token the engine ran is not shown."""
+    zero, tok = req.max_tokens == 0, st.tokenizer
+    if req.logprobs is None: lp = None
+    elif req.echo: lp = echo_logprobs(tok, out, req.logprobs, with_output=not zero)
+    else: lp = completion_logprobs(tok, out.token_ids, out.logprobs, out.top_logprobs)
+    choice = {"index": i, "text": echo + ("" if zero else out.text), "logprobs": lp,
+              "finish_reason": "length" if zero else out.finish_reason}
+    if req.prompt_logprobs is not None: choice["prompt_logprobs"] = prompt_logprobs_json(tok, out, req.prompt_logprobs)
+    return choice
 
 # %% ../../nbs/54_api_server.ipynb #39290992
 async def _unless_disconnected(request: Request, run: Run) -> dict:
@@ -156,10 +168,11 @@ def _error_event(out) -> str:
     return sse(OpenAIError(500, f"generation failed: {out.error}", None, "server_error").body())
 
 # %% ../../nbs/54_api_server.ipynb #342ed97d
-async def _stream(run, first: list[str], chunk, usage_obj, include_usage: bool, prompt_tokens: int):
+async def _stream(run, first: list[str], chunk, usage_obj, include_usage: bool, prompt_tokens: int,
+                  count_output: bool = True):
     """The SSE body of a run: `first` chunks, then one `chunk(i, out, n0)` per output that has text or finishes
-    (`n0`: that choice's tokens already sent), a usage chunk if asked, `[DONE]`. An output held back (a possible
-    stop string's start) is sent with the next."""
+    (`n0`: that choice's tokens already sent), a usage chunk if asked (`count_output=False`: no completion tokens
+    shown), `[DONE]`. An output held back (a possible stop string's start) is sent with the next."""
     seen, completion_tokens = {}, 0                            # choice -> tokens already sent
     for c in first: yield c
     async for i, out in run.events():
@@ -167,44 +180,59 @@ async def _stream(run, first: list[str], chunk, usage_obj, include_usage: bool, 
         if not (out.new_text or out.finished): continue
         yield sse(chunk(i, out, seen.get(i, 0)))
         seen[i] = len(out.token_ids)
-        if out.finished: completion_tokens += len(out.token_ids)
+        if out.finished and count_output: completion_tokens += len(out.token_ids)
     if include_usage: yield sse(usage_obj(usage(prompt_tokens, completion_tokens)))
     yield sse("[DONE]")
 
 def _completion_stream(st, req, run, created, echo, prompt_tokens):
+    zero, scored = req.max_tokens == 0, req.echo and req.logprobs is not None   # scored: the echo waits for its scores
     def chunk(i, out, n0):
-        lp = None if req.logprobs is None else completion_logprobs(
-            st.tokenizer, out.token_ids[n0:], out.logprobs[n0:], out.top_logprobs[n0:])
-        return completion_chunk(run.base_id, st.model_name, created, i, out.new_text, finish_reason(out), lp)
-    first = [sse(completion_chunk(run.base_id, st.model_name, created, i, t)) for i, t in echo.items() if t]
+        text, reason, lp = "" if zero else out.new_text, "length" if zero else finish_reason(out), None
+        if scored and n0 == 0: text, lp = echo[i] + text, echo_logprobs(st.tokenizer, out, req.logprobs, not zero)
+        elif req.logprobs is not None and not zero:
+            lp = completion_logprobs(st.tokenizer, out.token_ids[n0:], out.logprobs[n0:], out.top_logprobs[n0:])
+        return completion_chunk(run.base_id, st.model_name, created, i, text, reason, lp)
+    first = [] if scored else [sse(completion_chunk(run.base_id, st.model_name, created, i, t))
+                               for i, t in echo.items() if t]
     use = lambda u: usage_chunk(run.base_id, st.model_name, created, "text_completion", u)
-    return _stream(run, first, chunk, use, bool(req.stream_options and req.stream_options.include_usage), prompt_tokens)
+    return _stream(run, first, chunk, use, bool(req.stream_options and req.stream_options.include_usage), prompt_tokens,
+                   count_output=not zero)
 
 # %% ../../nbs/54_api_server.ipynb #5f3d9187
 async def chat_completions(request: Request):
     st = _state(request)
-    req = parse_request(await read_body(request), ChatCompletionRequest)
+    body = await read_body(request)
+    req = parse_request(body, ChatCompletionRequest)
+    plan = structured_plan(json.loads(body), chat=True)      # response_format, tools, structured_outputs (51a)
     st.check_model(req.model)
     ids = st.encode(render_chat(st.tokenizer, req), "messages")
-    jobs = [(c, ids, sampling_params(req, len(ids), st.engine.max_model_len, st.defaults, c, "messages"))
-            for c in range(req.n)]
+    vocab = getattr(st.engine.model_config, "vocab_size", None)
+    jobs = [(c, ids, with_structure(sampling_params(req, len(ids), st.engine.max_model_len, st.defaults, c, "messages",
+                                                    vocab), plan)) for c in range(req.n)]
     run, created = Run(st.aengine, new_id("chatcmpl")), int(time.time())
     await run.start(jobs)
-    if req.stream: return _sse(_chat_stream(st, req, run, created, len(ids)))
+    if req.stream: return _sse(_chat_stream(st, req, run, created, len(ids), plan))
     finals = await _unless_disconnected(request, run)
-    choices = [{"index": i, "message": {"role": "assistant", "content": out.text}, "finish_reason": out.finish_reason,
-                "logprobs": chat_logprobs(st.tokenizer, out.token_ids, out.logprobs,
-                                          out.top_logprobs) if req.logprobs else None}
-               for i, out in sorted(finals.items())]
-    return chat_response(run.base_id, st.model_name, created, choices,
+    choices = []
+    for i, out in sorted(finals.items()):
+        msg, why = chat_message(out.text, plan, out.finish_reason)        # text, or the tool calls it spells
+        choices.append({"index": i, "message": msg, "finish_reason": why, "logprobs": chat_logprobs(
+            st.tokenizer, out.token_ids, out.logprobs, out.top_logprobs) if req.logprobs else None})
+    resp = chat_response(run.base_id, st.model_name, created, choices,
                          usage(len(ids), sum(len(o.token_ids) for o in finals.values())))
+    if req.prompt_logprobs is not None:          # vLLM's place for a chat's: the response's, one prompt for all choices
+        resp["prompt_logprobs"] = prompt_logprobs_json(st.tokenizer, finals[0], req.prompt_logprobs)
+    return resp
 
-def _chat_stream(st, req, run, created, prompt_tokens):
+def _chat_stream(st, req, run, created, prompt_tokens, plan):
     def chunk(i, out, n0):
         lp = chat_logprobs(st.tokenizer, out.token_ids[n0:], out.logprobs[n0:],
                            out.top_logprobs[n0:]) if req.logprobs else None
-        delta = {"content": out.new_text} if out.new_text else {}
-        return chat_chunk(run.base_id, st.model_name, created, i, delta, finish_reason(out), lp)
+        delta, why = ({"content": out.new_text} if out.new_text else {}), finish_reason(out)
+        if plan.tool_choice is not None:                    # a forced call is sent whole, once it is complete
+            msg, why = chat_message(out.text, plan, out.finish_reason) if out.finished else ({}, None)
+            delta = tool_call_delta(msg) if "tool_calls" in msg else {"content": out.text} if out.finished else {}
+        return chat_chunk(run.base_id, st.model_name, created, i, delta, why, lp)
     first = [sse(chat_chunk(run.base_id, st.model_name, created, c,
                             {"role": "assistant", "content": ""})) for c in range(req.n)]
     use = lambda u: usage_chunk(run.base_id, st.model_name, created, "chat.completion.chunk", u)

@@ -124,6 +124,7 @@ def prefill_loop(engine: LLMEngine, conn):
             if m["op"] == "stop": return
             if m["op"] == "prefill":
                 p = SamplingParams(**{**m["params"], "max_tokens": 1, "stop": [], "stop_token_ids": [],
+                                      "min_tokens": min(m["params"].get("min_tokens", 0), 1),
                                       "ignore_eos": True,
                                       "logprobs": None})
                 try: engine.add_request(m["prompt"], p, m["rid"])

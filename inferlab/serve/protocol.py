@@ -6,7 +6,7 @@ Docs: https://inferlab.github.io/inferlab/protocol.html.md"""
 
 # %% ../../nbs/51_protocol.ipynb #0a76ed5f
 from __future__ import annotations
-import json, uuid
+import itertools, json, uuid
 from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..model.sampling import SamplingParams, MAX_LOGPROBS
@@ -15,7 +15,7 @@ from ..model.sampling import SamplingParams, MAX_LOGPROBS
 __all__ = ['MAX_N', 'UNSUPPORTED', 'OpenAIError', 'param_of', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage',
            'ChatCompletionRequest', 'parse_request', 'prompt_list', 'sampling_params', 'render_chat', 'new_id', 'usage',
            'finish_reason', 'sse', 'completion_logprobs', 'chat_logprobs', 'completion_response', 'completion_chunk',
-           'chat_response', 'chat_chunk', 'usage_chunk']
+           'chat_response', 'chat_chunk', 'usage_chunk', 'echo_logprobs', 'prompt_logprobs_json']
 
 # %% ../../nbs/51_protocol.ipynb #330f3b53
 class OpenAIError(Exception):
@@ -29,9 +29,9 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 def param_of(err: Exception) -> str | None:
-    "The field an engine `ValueError` names first (`'stop: ...'` → `'stop'`), or None when it names none."
+    "The field an engine `ValueError` names first (`'stop: ...'` → `'stop'`, `'a.b: ...'` → `'a.b'`), or None."
     head = str(err).split(":")[0]
-    return head if head.isidentifier() else None
+    return head if all(p.isidentifier() for p in head.split(".")) else None
 
 # %% ../../nbs/51_protocol.ipynb #4827eac0
 MAX_N = 64                                   # choices per request: each is a sequence in the engine
@@ -57,12 +57,18 @@ class _SamplingFields(_Strict):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2, le=2)           # OpenAI's range
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)        # vLLM extra: 1 = none
+    logit_bias: dict[str, float] | None = None                  # token id (a JSON key: a string) -> bias in [-100, 100]
+    min_tokens: int = Field(0, ge=0)                            # vLLM extra
+    bad_words: list[str] | None = None                          # vLLM extra
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)   # vLLM extra: score the prompt's tokens
     user: str | None = None
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = Field(None, ge=0)                  # 0: with echo, the prompt scored, nothing generated
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
@@ -94,14 +100,10 @@ def _param(loc) -> str | None:
 # with the test of a value that asks for something: refused by name, since `extra="ignore"` would drop them silently
 # (a client asking for JSON or a tool call would get plain text back and not know why).
 UNSUPPORTED = {
-    "logit_bias": lambda v, o: bool(v), "functions": lambda v, o: bool(v),
-    "response_format": lambda v, o: not (isinstance(v, dict) and v.get("type") == "text") and v is not None,
-    "tools": lambda v, o: bool(v) and o.get("tool_choice") != "none",   # tools the model may not call are harmless
+    "functions": lambda v, o: bool(v),         # OpenAI's older form of `tools` (chapter 51a takes `tools`)
     "best_of": lambda v, o: v is not None and v != o.get("n", 1),
-    "repetition_penalty": lambda v, o: v is not None and v != 1, "min_tokens": lambda v, o: bool(v),
-    "prompt_logprobs": lambda v, o: v is not None,
     **{f: (lambda v, o: v is not None) for f in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                                   "structured_outputs", "logits_processors")}}
+                                                   "logits_processors")}}
 
 def parse_request(body: bytes, schema: type[BaseModel]) -> BaseModel:
     "Validate a raw JSON body against `schema`; any fault raises a 400 `OpenAIError` naming the field."
@@ -117,12 +119,16 @@ def parse_request(body: bytes, schema: type[BaseModel]) -> BaseModel:
         raise OpenAIError(400,
                 f"{param}: {err['msg']}" + (f" (got {err['input']!r:.60})" if err["type"] != "missing" else ""),
                           param) from None
-    for f in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, f) != 0: raise OpenAIError(400, f"{f}: only 0 is supported (the engine has no penalties)", f)
+    if req.prompt_logprobs is not None and req.stream:       # vLLM's rule: they would come before any text
+        raise OpenAIError(400, "prompt_logprobs: not available with stream=true", "prompt_logprobs")
+    if getattr(req, "max_tokens", None) == 0 and not getattr(req, "echo", False):
+        raise OpenAIError(400, "max_tokens: 0 asks for no output; it is allowed only with echo (to score the prompt)",
+                          "max_tokens")
     for f, asks in UNSUPPORTED.items():
         if f in obj and asks(obj[f], obj):
             raise OpenAIError(400, f"{f}: not supported by this server (got {obj[f]!r:.60}); omit it"
-                                   + (", or send tool_choice 'none'" if f == "tools" else ""), f)
+                                   + (", or send structured_outputs (vLLM's name for it since v0.12)"
+                                      if f.startswith("guided_") else ""), f)
     return req
 
 # %% ../../nbs/51_protocol.ipynb #bae51b64
@@ -134,8 +140,9 @@ def prompt_list(prompt) -> list:
     return list(prompt)
 
 def sampling_params(req, prompt_len: int, max_model_len: int, defaults: dict | None = None, choice: int = 0,
-                    prompt_param: str = "prompt") -> SamplingParams:
-    "The engine's parameters for one choice of `req`; a prompt or `max_tokens` that cannot fit is a 400."
+                    prompt_param: str = "prompt", vocab_size: int | None = None) -> SamplingParams:
+    """The engine's parameters for one choice of `req`; a prompt or `max_tokens` that cannot fit is a 400, and so is a
+    `logit_bias` token outside the vocabulary (`vocab_size`). `max_tokens` 0 runs one token, which the server drops."""
     d = defaults or {}
     if prompt_len >= max_model_len:
         raise OpenAIError(400, f"{prompt_param}: {prompt_len} tokens; this model's maximum context length is "
@@ -153,11 +160,23 @@ def sampling_params(req, prompt_len: int, max_model_len: int, defaults: dict | N
         return SamplingParams(temperature=pick(req.temperature, "temperature", 1.0),
                               top_p=pick(req.top_p, "top_p", 1.0),
                               top_k=pick(req.top_k, "top_k", -1), min_p=pick(req.min_p, "min_p", 0.0),
-                              seed=None if req.seed is None else req.seed + choice, max_tokens=max_tokens,
+                              seed=None if req.seed is None else req.seed + choice, max_tokens=max(max_tokens, 1),
                               stop=req.stop or [], stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
-                              logprobs=top)
+                              logprobs=top, repetition_penalty=pick(req.repetition_penalty, "repetition_penalty", 1.0),
+                              **_constraints(req, vocab_size))
     except ValueError as e:                          # SamplingParams names the field first: "stop: ..."
         raise OpenAIError(400, str(e), param_of(e)) from None
+
+def _constraints(req, vocab_size: int | None) -> dict:
+    "Penalties, bias, minimum length, bad words (chapter 05a), prompt logprobs (15e), as `SamplingParams` names them."
+    bias = req.logit_bias or None
+    outside = [k for k in bias or () if vocab_size is not None and k.strip().isdigit() and int(k) >= vocab_size]
+    if outside: raise OpenAIError(400, f"logit_bias: token {outside[0]} is not in the vocabulary (ids 0 to "
+                                       f"{vocab_size - 1})", "logit_bias")
+    scored = req.prompt_logprobs                     # echo with logprobs scores the prompt with as many alternatives
+    if getattr(req, "echo", False) and req.logprobs is not None: scored = max(req.logprobs, scored or 0)
+    return dict(presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, logit_bias=bias,
+                min_tokens=req.min_tokens, bad_words=req.bad_words or [], prompt_logprobs=scored)
 
 # %% ../../nbs/51_protocol.ipynb #21137c95
 def render_chat(tokenizer, req: ChatCompletionRequest) -> str:
@@ -187,10 +206,10 @@ def sse(obj) -> str:
 
 # %% ../../nbs/51_protocol.ipynb #4ccba090
 def completion_logprobs(tok, token_ids, logprobs, tops, offset: int = 0) -> dict:
-    "The completions API's logprobs object for `token_ids` (text offsets start at `offset`)."
+    "The completions API's logprobs object for `token_ids` (text offsets start at `offset`; a None in `tops`: null)."
     names = [tok.decode([t], skip_special_tokens=False) for t in token_ids]
-    offsets = [offset + sum(len(n) for n in names[:i]) for i in range(len(names))]
-    top = [{tok.decode([t], skip_special_tokens=False): lp for t, lp in d.items()} for d in tops]
+    offsets = list(itertools.accumulate((len(n) for n in names[:-1]), initial=offset)) if names else []
+    top = [None if d is None else {tok.decode([t], skip_special_tokens=False): lp for t, lp in d.items()} for d in tops]
     return {"tokens": names, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets}
 
 def chat_logprobs(tok, token_ids, logprobs, tops) -> dict:
@@ -220,3 +239,28 @@ def chat_chunk(rid, model, created, index, delta: dict, reason=None, logprobs=No
 
 def usage_chunk(rid, model, created, obj: str, use: dict) -> dict:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
+
+# %% ../../nbs/51_protocol.ipynb #248d9b20
+def echo_logprobs(tok, out, k: int, with_output: bool = True) -> dict:
+    """The legacy scoring form (`echo` with `logprobs` `k`) of a `RequestOutput`: the prompt's tokens, then (unless
+    `max_tokens` was 0) the completion's; the first prompt token's `token_logprobs` and `top_logprobs` are null."""
+    if len(out.prompt_logprobs) != len(out.prompt_token_ids):
+        raise OpenAIError(500, "logprobs: the engine returned no prompt logprobs to echo", None, "server_error")
+    tops = [None if d is None else dict(list(d.items())[:k]) for d in out.prompt_top_logprobs]
+    ids, lps = list(out.prompt_token_ids), list(out.prompt_logprobs)
+    if with_output: ids, lps, tops = ids + out.token_ids, lps + out.logprobs, tops + out.top_logprobs
+    return completion_logprobs(tok, ids, lps, tops)
+
+def prompt_logprobs_json(tok, out, k: int) -> list:
+    """vLLM's `prompt_logprobs` of a `RequestOutput`: null for the first token, then per token
+    `{token id: {logprob, rank, decoded_token}}` for the prompt's token and the `k` most likely ones."""
+    names = {}
+    name = lambda t: names.get(t) or names.setdefault(t, tok.decode([t], skip_special_tokens=False))
+    rows = zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:], out.prompt_ranks[1:], out.prompt_top_logprobs[1:])
+    res = [None] if out.prompt_logprobs else []
+    for t, lp, rank, top in rows:
+        entry = {t: {"logprob": lp, "rank": rank, "decoded_token": name(t)}}
+        for r, (a, b) in enumerate(list(top.items())[:k], 1):
+            entry.setdefault(a, {"logprob": b, "rank": r, "decoded_token": name(a)})
+        res.append(entry)
+    return res

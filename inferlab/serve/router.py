@@ -14,7 +14,8 @@ from ..model.config import load_config, resolve_model_path
 from ..model.generate import check_prompt
 from ..model.tokenizer import load_tokenizer
 from ..engine.interface import Engine, RequestOutput, RequestMetrics
-from ..engine.llm_engine import EngineConfig, as_params
+from ..engine.llm_engine import EngineConfig
+from ..engine.sequence import as_params
 from ..engine.block_manager import block_hash
 from .disagg import send, recv, params_dict, no_delay
 
@@ -159,6 +160,9 @@ def stop_workers(workers: list[Worker], listener):
 def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None = None, priority: int = 0,
                 arrival_time=None) -> str:
     params = as_params(params)
+    if params.prompt_logprobs is not None:      # a worker's report carries tokens and text, not the prompt's scores
+        raise ValueError("prompt_logprobs: not available through the disaggregation router (its workers report "
+                         "tokens and text only); serve without --disaggregation to score prompts")
     ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     check_prompt(ids, self.model_config)
     if len(ids) >= self.max_model_len:

@@ -158,7 +158,7 @@ def verify(self: SpecDecoder, engine: LLMEngine, batch, samplers: list, logits: 
     engine.count(batch)
     groups = row_groups(samplers)                     # [(seq, first row, rows)]
     outputs, accepted = [], {}
-    for (seq, r0, n), toks in zip(groups, self._verify(logits, groups)):
+    for (seq, r0, n), toks in zip(groups, self._verify(logits, groups, engine.constraints)):
         try:
             if isinstance(toks, Exception): raise toks
             for j, tok in enumerate(toks):
@@ -187,9 +187,13 @@ def _observe(self: SpecDecoder, batch, starts: list[int], drafted: list[int], ac
 
 # %% ../../nbs/34_spec_decoder.ipynb #9831c594
 @patch
-def _verify(self: SpecDecoder, logits: torch.Tensor, groups) -> list:
-    "Emitted tokens per group, or the exception that group raised (non-finite logits fail their request alone)."
+def _verify(self: SpecDecoder, logits: torch.Tensor, groups, constraints=None) -> list:
+    """Emitted tokens per group, or the exception that group raised (non-finite logits fail their request alone).
+    Row j of a group is constrained (chapter 16a) after the group's first j drafts: a forbidden draft is rejected."""
     finite = torch.isfinite(logits).all(-1).tolist()
+    if constraints is not None and constraints.state:      # a dict check when nothing is constrained
+        rows = [(seq, tuple(seq.draft_token_ids[:j])) for seq, _, n in groups for j in range(n)]
+        logits = constraints.apply(logits, [s for s, _ in rows], [d for _, d in rows])
     args = lambda g: ([g[0].draft_token_ids], [self._kept_probs(g[0])], [g[0].params], [g[0].generator])
     if all(finite):
         try:

@@ -1,6 +1,6 @@
 "`inferlab serve --disaggregation`: the aggregated server's greedy text, KV moved for long prompts, survivable worker faults (the router's own fault paths: test_router.py)."
-import concurrent.futures as cf, os, signal, time
-import httpx, openai, pytest, torch
+import concurrent.futures as cf, json, os, signal, time
+import httpx, jsonschema, openai, pytest, torch
 from serve_helpers import serve_process, metric
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -25,6 +25,15 @@ def worker_pid(server_pid: int, name: str) -> int:
     raise AssertionError(f"no process {name}")
 
 DISAGG = ["--max-local-prefill-length", "96", "--max-prefill-queue", "1000", "--num-kv-blocks", "2048"]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["name", "n"]}
+
+def structured_replies(base: str, ps) -> list[str]:
+    "JSON-schema replies with penalties and min_tokens on: constraints compose with disaggregation."
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+    body = {"structured_outputs": {"json": SCHEMA}, "repetition_penalty": 1.2, "min_tokens": 2}
+    return [client.completions.create(model="tiny-dense", prompt=p, max_tokens=120, temperature=1.0, seed=i,
+                                      extra_body=body).choices[0].text for i, p in enumerate(ps)]
 
 def test_1p1d_equals_aggregated_and_moves_long_prompts():
     ps = prompts(100)
@@ -72,7 +81,9 @@ def test_1p1d_composes_with_fp8_weights_fp8_kv_and_speculation():
         got = complete_all(base, ps, 16)
         moved, blocks = metric(base, "inferlab:kv_transfer_bytes_total"), metric(base, "inferlab:kv_transfer_blocks_total")
         spec_drafts = metric(base, "inferlab:spec_decode_num_draft_tokens_total")
+        shaped = structured_replies(base, ps[:6])        # long prompts prefill remotely: the first token too
     assert all(isinstance(t, str) for t in want + got) and got == want
+    for text in shaped: jsonschema.validate(json.loads(text), SCHEMA)
     fp32_bytes = blocks * 16 * 6 * 2 * 4 * 32 * 4                    # the same blocks in float32 (the test above)
     print(f"\n{blocks:.0f} blocks moved: {moved / 2**10:.0f} KiB in fp8, {fp32_bytes / 2**10:.0f} KiB in float32 "
           f"({moved / fp32_bytes:.1%})")

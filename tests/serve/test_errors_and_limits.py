@@ -30,13 +30,26 @@ BAD = [  # (path, body, expected status, expected param)
     (C, {"prompt": "x", "seed": 1.5}, 400, "seed"),
     (C, {"prompt": "x", "top_k": -2}, 400, "top_k"),
     (C, {"prompt": "x", "min_p": 2}, 400, "min_p"),
-    (C, {"prompt": "x", "frequency_penalty": 0.3}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "frequency_penalty": 2.1}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "presence_penalty": -2.5}, 400, "presence_penalty"),
+    (C, {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    (C, {"prompt": "x", "logit_bias": {"4096": 1}}, 400, "logit_bias"),           # past tiny-dense's vocabulary
+    (C, {"prompt": "x", "logit_bias": {"5": 100.5}}, 400, "logit_bias"),
+    (C, {"prompt": "x", "logit_bias": {"five": 1}}, 400, "logit_bias"),
+    (C, {"prompt": "x", "min_tokens": 17}, 400, "min_tokens"),                     # more than max_tokens (16)
+    (C, {"prompt": "x", "bad_words": [""]}, 400, "bad_words"),
+    (C, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),                      # 0 only with echo
+    (C, {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
+    (C, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
     (C, {"prompt": "x", "stream": "yes"}, 400, "stream"),
     (C, {"prompt": "x", "suffix": "y"}, 400, "suffix"),
-    (C, {"prompt": "x", "logit_bias": {"5": 100}}, 400, "logit_bias"),
     (C, {"prompt": "x", "best_of": 3}, 400, "best_of"),
-    (CH, {"messages": MSGS, "response_format": {"type": "json_object"}}, 400, "response_format"),
-    (CH, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools"),
+    (CH, {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "nope"}}}}}}, 400, "response_format.json_schema.schema"),
+    (CH, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400,
+     "tool_choice"),                                              # "auto", the default, needs a tool-call parser
+    (C, {"prompt": "x", "structured_outputs": {"regex": "(a"}}, 400, "structured_outputs.regex"),
+    (C, {"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
     (CH, {"messages": []}, 400, "messages"),
     (CH, {"messages": [{"role": "user"}], "max_tokens": 2, "n": 0}, 400, "n"),
     (CH, {"messages": [{"content": "x"}]}, 400, "messages.0.role"),

@@ -133,3 +133,98 @@ def test_disconnect_aborts_whole_response(server):
     while metric(base, "inferlab:request_success_total", finished_reason="abort") == before and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     assert metric(base, "inferlab:request_success_total", finished_reason="abort") == before + 1
+
+# -- scoring: echo + logprobs (OpenAI's legacy form, what lm-evaluation-harness's local-completions sends), max_tokens 0,
+#    vLLM's prompt_logprobs; the numbers against the model's own forward pass in this process (float32, as served)
+
+@pytest.fixture(scope="module")
+def scorer():
+    import torch
+    from inferlab.model.config import shipped_model_path
+    from inferlab.model.model import load_model
+    from inferlab.model.tokenizer import load_tokenizer
+    path = shipped_model_path(MODEL)
+    model, tok = load_model(path, dtype=torch.float32), load_tokenizer(path)
+    def logprobs(ids):
+        "log p(ids[i] | ids[:i]) for i >= 1, and whether each is the argmax, from one forward pass."
+        with torch.no_grad(): lp = torch.log_softmax(model(torch.tensor([ids]))[0].float(), -1)
+        return [lp[i - 1, t].item() for i, t in enumerate(ids) if i], [int(lp[i - 1].argmax()) == t for i, t in enumerate(ids) if i]
+    return tok, logprobs
+
+def test_lm_eval_loglikelihood_request(server, scorer):
+    "The exact body lm-eval's local-completions sends for loglikelihood requests, parsed as it parses the reply."
+    tok, logprobs = scorer
+    ctx, conts = tok.encode("def add(a, b):\n"), [tok.encode("    return a + b\n"), tok.encode(" pass")]
+    body = {"model": MODEL, "prompt": [ctx + c for c in conts], "temperature": 0, "max_tokens": 1, "logprobs": 1,
+            "seed": 1234, "echo": True}
+    r = httpx.post(server[0] + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    worst = 0.0
+    for choice, cont in zip(sorted(r.json()["choices"], key=lambda c: c["index"]), conts):
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(ctx) + len(cont) + 1 == len(lp["text_offset"])    # prompt, then the 1 generated
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        got, tops = lp["token_logprobs"][len(ctx):-1], lp["top_logprobs"][len(ctx):-1]   # lm-eval's slice
+        want, argmax = logprobs(ctx + cont)
+        worst = max(worst, max(abs(a - b) for a, b in zip(got, want[len(ctx) - 1:])))
+        is_greedy = all(t == max(top.values()) for t, top in zip(got, tops))            # lm-eval's test, with ==
+        assert is_greedy == all(argmax[len(ctx) - 1:]) and all(len(t) == 1 for t in tops)
+        assert lp["text_offset"] == sorted(lp["text_offset"]) and choice["text"].startswith(tok.decode(ctx + cont))
+    print(f"\nmax |served - forward pass| {worst:.1e}")
+    assert worst < 1e-4
+
+def test_echo_max_tokens_zero(client, server, scorer):
+    tok, logprobs = scorer
+    text = PROMPTS[2]
+    ids = tok.encode(text)
+    zero = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True, logprobs=2, temperature=0)
+    one = client.completions.create(model=MODEL, prompt=text, max_tokens=1, echo=True, logprobs=2, temperature=0)
+    c, lp = zero.choices[0], zero.choices[0].logprobs
+    assert c.text == text and c.finish_reason == "length" and zero.usage.completion_tokens == 0
+    assert lp.tokens == one.choices[0].logprobs.tokens[:-1] and lp.token_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(one.choices[0].logprobs.token_logprobs[1:-1], abs=1e-6)
+    assert len(lp.tokens) == len(ids) and max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], logprobs(ids)[0])) < 1e-4
+    plain = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True)           # no logprobs: the text
+    assert plain.choices[0].text == text and plain.choices[0].logprobs is None
+    chunks = list(client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True, logprobs=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == text and chunks[-1].usage.completion_tokens == 0
+    streamed = [ch.choices[0].logprobs for ch in chunks if ch.choices and ch.choices[0].logprobs]
+    assert len(streamed) == 1 and streamed[0].token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
+    r = httpx.post(server[0] + "/v1/completions", json={"prompt": text, "max_tokens": 0}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"               # 0 only with echo
+
+def test_echo_logprobs_stream_equals_whole(client):
+    kw = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0, echo=True, logprobs=3, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw)
+    chunks = [c for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text and whole.choices[0].text.startswith(PROMPTS[1])
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and len(streamed) == whole.usage.prompt_tokens + 12
+    assert streamed[1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:], abs=1e-6)
+
+def test_prompt_logprobs_vllm_field(client, server, scorer):
+    tok, logprobs = scorer
+    text = PROMPTS[0]
+    ids = tok.encode(text)
+    r = client.completions.create(model=MODEL, prompt=text, max_tokens=2, temperature=0, n=2, extra_body={"prompt_logprobs": 3})
+    want, argmax = logprobs(ids)
+    for c in r.choices:
+        pl = c.model_extra["prompt_logprobs"]
+        assert len(pl) == len(ids) and pl[0] is None
+        for e, t, w, best in zip(pl[1:], ids[1:], want, argmax):
+            mine = e[str(t)]
+            assert abs(mine["logprob"] - w) < 1e-4 and mine["decoded_token"] == tok.decode([t]) and (mine["rank"] == 1) == best
+            assert sorted(v["rank"] for v in e.values())[:3] == [1, 2, 3]                      # the top 3 ...
+            assert len(e) == (3 if mine["rank"] <= 3 else 4)                                   # ... and the token
+    chat = httpx.post(server[0] + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2, "prompt_logprobs": 0}, timeout=30).json()
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    assert all(len(e) == 1 for e in chat["prompt_logprobs"][1:])                              # k = 0: the token alone
+
+def test_penalties_and_biases_accepted(client):
+    "Fields the engine's SamplingParams carries are passed, not refused (their effect is the engine's, chapter 05a)."
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, temperature=0, presence_penalty=0.5,
+                                  frequency_penalty=-0.5, logit_bias={"50": -100, "7": 2.5},
+                                  extra_body={"repetition_penalty": 1.1, "min_tokens": 2, "bad_words": ["xyz"]})
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 2

@@ -34,3 +34,9 @@ def test_a_dead_decode_worker_reroutes_what_it_had_not_started_and_an_idle_death
         assert not router.has_unfinished()
     finally:
         router.shutdown()
+
+def test_prompt_logprobs_refused_before_any_work():
+    "The workers report tokens and text, not a prompt's scores: a request asking for them is refused by name, at once."
+    bare = DisaggRouter.__new__(DisaggRouter)                   # no workers, no engine: nothing may be touched
+    with pytest.raises(ValueError, match="^prompt_logprobs: not available through the disaggregation router"):
+        bare.add_request([1, 2, 3], SamplingParams(prompt_logprobs=0))

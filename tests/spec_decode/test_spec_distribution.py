@@ -153,7 +153,7 @@ def test_same_distribution(method, setting, target, exact, plain):
 
 class AcceptEverything(SpecDecoder):
     "The negative control: a verifier that trusts the draft (emits every draft, then a target sample)."
-    def _verify(self, logits, groups):
+    def _verify(self, logits, groups, constraints=None):
         from inferlab.model.sampling import sample
         out = []
         for seq, r0, n in groups:
