@@ -108,14 +108,6 @@ class StructuredOutputsParams:
             if v is not None and (not isinstance(v, str) or not v):
                 raise ValueError(f"structured_outputs.{name}: a non-empty string, got {v!r}")
 
-    @property
-    def key(self) -> tuple:
-        "What a compiled grammar is cached under: the kind and its canonical text."
-        if self.json is not None: return ("json", json.dumps(self.json, sort_keys=True))
-        if self.json_object: return ("json_object", "")
-        if self.choice is not None: return ("choice", json.dumps(list(self.choice)))
-        return ("regex", self.regex) if self.regex is not None else ("grammar", self.grammar)
-
 # %% ../../nbs/05_sampling.ipynb #e36ec2fe
 def _number_in(v, lo: float, hi: float, lo_open: bool = False) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

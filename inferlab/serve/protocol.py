@@ -13,9 +13,9 @@ from ..model.sampling import SamplingParams, MAX_LOGPROBS
 
 # %% auto #0
 __all__ = ['MAX_N', 'UNSUPPORTED', 'OpenAIError', 'param_of', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage',
-           'ChatCompletionRequest', 'parse_request', 'prompt_list', 'sampling_params', 'render_chat', 'new_id', 'usage',
-           'finish_reason', 'sse', 'completion_logprobs', 'chat_logprobs', 'completion_response', 'completion_chunk',
-           'chat_response', 'chat_chunk', 'usage_chunk', 'echo_logprobs', 'prompt_logprobs_json']
+           'ChatCompletionRequest', 'field_path', 'parse_request', 'prompt_list', 'sampling_params', 'render_chat',
+           'new_id', 'usage', 'finish_reason', 'sse', 'completion_logprobs', 'chat_logprobs', 'completion_response',
+           'completion_chunk', 'chat_response', 'chat_chunk', 'usage_chunk', 'echo_logprobs', 'prompt_logprobs_json']
 
 # %% ../../nbs/51_protocol.ipynb #330f3b53
 class OpenAIError(Exception):
@@ -91,9 +91,10 @@ class ChatCompletionRequest(_SamplingFields):
 # %% ../../nbs/51_protocol.ipynb #86cd881d
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "none"}       # pydantic names a union's branch in the loc
 
-def _param(loc) -> str | None:
-    "The field path of a pydantic error location, without the union branches' type names."
-    keep = [str(p) for p in loc if str(p) not in _TYPE_TAGS and not str(p).startswith(("list[", "union[", "function-"))]
+def field_path(loc) -> str | None:
+    "The field path of a pydantic error location, without the union branches' names (a type, `literal[...]`, a class)."
+    keep = [str(p) for p in loc if str(p) not in _TYPE_TAGS and not str(p)[:1].isupper()
+            and not str(p).startswith(("list[", "union[", "function-", "literal[", "dict["))]
     return ".".join(keep) or None
 
 # Fields of OpenAI's API and vLLM's extras that would change the output and that the engine does not implement,
@@ -115,7 +116,7 @@ def parse_request(body: bytes, schema: type[BaseModel]) -> BaseModel:
     try: req = schema.model_validate_json(body)
     except ValidationError as e:
         err = e.errors()[0]
-        param = _param(err["loc"])
+        param = field_path(err["loc"])
         raise OpenAIError(400,
                 f"{param}: {err['msg']}" + (f" (got {err['input']!r:.60})" if err["type"] != "missing" else ""),
                           param) from None

@@ -58,9 +58,10 @@ def test_bad_structure_refused_alone(model, tok):
                      (dict(grammar="root ::= undefined_rule"), "structured_outputs.grammar")]:
         with pytest.raises(ValueError, match=name): eng.add_request(PROMPTS[1], SamplingParams(structured_outputs=so))
     with pytest.raises(ValueError, match="logit_bias"): eng.add_request(PROMPTS[1], SamplingParams(logit_bias={10**6: 1}))
-    assert len(eng.requests) == 1 and not eng.constraints.state
-    out = run(eng, [], [])
-    assert eng.requests == {} or all(s.is_finished for s in eng.requests.values())
+    assert list(eng.requests) == [rid] and not eng.constraints.state    # the refused ones left nothing behind
+    outs = []
+    while eng.has_unfinished(): outs += [o for o in eng.step() if o.finished]
+    assert [(o.request_id, o.finish_reason, len(o.token_ids), o.error) for o in outs] == [(rid, "length", 8, None)]
 
 def test_min_tokens_200_requests(model, tok):
     "At T = 1 with EOS masked until min_tokens: every one of 200 requests reaches it, though many would stop sooner."
