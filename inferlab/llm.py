@@ -17,6 +17,7 @@ from .quant.presets import check_quantization, quantize_model
 from .spec_decode.spec_decoder import SpeculativeConfig, add_speculation
 from .parallel.tensor_parallel import ParallelConfig
 from .parallel.engine import launch
+from .serve.kv_routing import RoutingPolicy
 from fastcore.basics import patch
 
 # %% auto #0
@@ -25,11 +26,14 @@ __all__ = ['build_engine', 'as_prompt_list', 'LLM']
 # %% ../nbs/17_llm.ipynb #202e57ee
 def build_engine(model=None, tokenizer=None, *, dtype=None, device=None, quantization: str | None = None,
                  speculative_config: dict | None = None, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                 enable_expert_parallel: bool = False, **engine_config) -> Engine:
+                 enable_expert_parallel: bool = False, router_mode: str = "kv", kv_overlap_score_weight: float = 1.0,
+                 **engine_config) -> Engine:
     """The one factory: a checkpoint (default: the shipped tiny-dense) or a model in memory, quantized with a preset
     if asked, in an engine in this process or over `tensor_parallel_size × data_parallel_size` processes (chapter 44),
-    speculating if `speculative_config` (vLLM's keys, chapter 34) says so."""
+    speculating if `speculative_config` (vLLM's keys, chapter 34) says so. Data-parallel replicas take requests by
+    `router_mode` ("kv": Dynamo's cost with `kv_overlap_score_weight`, "round_robin", "least_loaded"; chapter 58a)."""
     check_quantization(quantization)
+    routing = RoutingPolicy(router_mode, kv_overlap_score_weight)
     config = EngineConfig(**engine_config)                 # bad arguments fail before the weights load
     spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
     parallel = ParallelConfig(tensor_parallel_size, data_parallel_size, enable_expert_parallel)
@@ -37,7 +41,7 @@ def build_engine(model=None, tokenizer=None, *, dtype=None, device=None, quantiz
         if isinstance(model, nn.Module):
             raise ValueError("model: a parallel engine loads its checkpoint on every rank; give its directory or name")
         return launch(model, parallel, dtype=dtype, device=device, quantization=quantization, speculative_config=spec,
-                      config=config)
+                      config=config, routing=routing if data_parallel_size > 1 else None)
     if isinstance(model, nn.Module): source = getattr(model, "source", None)
     else:
         path = resolve_model_path(model)

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from .sequence import Sequence
 
 # %% auto #0
-__all__ = ['block_hash', 'Block', 'BlockManager']
+__all__ = ['block_hash', 'chain_hashes', 'Block', 'BlockManager', 'KVEvent']
 
 # %% ../../nbs/12_block_manager.ipynb #5d3082fd
 def block_hash(parent: bytes | None, token_ids) -> bytes:
@@ -22,6 +22,15 @@ def block_hash(parent: bytes | None, token_ids) -> bytes:
     h = hashlib.blake2b(parent or b"root", digest_size=16)
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return h.digest()
+
+# %% ../../nbs/12_block_manager.ipynb #148ea473
+def chain_hashes(token_ids, block_size: int, num_blocks: int | None = None) -> list[bytes]:
+    "The chained hashes of the first `num_blocks` full blocks of `token_ids` (all full blocks by default)."
+    n = len(token_ids) // block_size if num_blocks is None else min(num_blocks, len(token_ids) // block_size)
+    out, parent = [], None
+    for i in range(n):
+        parent = block_hash(parent, token_ids[i * block_size:(i + 1) * block_size]); out.append(parent)
+    return out
 
 # %% ../../nbs/12_block_manager.ipynb #f5dd15f7
 @dataclass
@@ -41,6 +50,7 @@ class BlockManager:
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # front = evicted first
         self.cached: dict[bytes, int] = {}
         self.query_tokens = self.hit_tokens = 0        # prefix-cache counters, in prompt tokens
+        self.events: list | None = None                # a list: every stored and removed hash is logged (KVEvent)
 
     @property
     def num_free_blocks(self) -> int: return len(self.free_queue)
@@ -64,12 +74,15 @@ class BlockManager:
     def _take_free(self) -> int:
         b, _ = self.free_queue.popitem(last=False)     # least recently freed: the LRU victim
         blk = self.blocks[b]
-        if blk.hash is not None: self._forget(blk)      # evicted from the prefix cache
+        if blk.hash is not None: self._forget(blk, evicted=True)   # evicted: its K/V are intact until overwritten
         blk.ref_count = 1
         return b
 
-    def _forget(self, blk: Block):
+    def _forget(self, blk: Block, evicted: bool = False):
+        if self.events is not None:
+            self.events.append(KVEvent("removed", blk.hash, blk.token_ids, blk.block_id if evicted else -1))
         if self.cached.get(blk.hash) == blk.block_id: del self.cached[blk.hash]
+
         blk.hash, blk.token_ids = None, ()
 
 # %% ../../nbs/12_block_manager.ipynb #c4d730c6
@@ -103,19 +116,21 @@ def _new_blocks_for(self: BlockManager, seq: Sequence, n: int) -> int:
 
 # %% ../../nbs/12_block_manager.ipynb #7b44c644
 @patch
-def allocate(self: BlockManager, seq: Sequence, hits: list[int] | None = None):
-    "Give a waiting sequence blocks for all its tokens, reusing cached prefix blocks; sets its computed count."
+def allocate(self: BlockManager, seq: Sequence, hits: list[int] | None = None, num_external: int = 0):
+    """Give a waiting sequence blocks for all its tokens, reusing cached prefix blocks; sets its computed count.
+    `num_external`: blocks after the hits that a KV connector (chapter 16b) will fill instead of the model."""
     if seq.block_table: raise RuntimeError(f"allocate: {seq!r} already holds blocks")
     hits = self.prefix_hits(seq) if hits is None else hits
     if not self.can_allocate(seq, hits): raise RuntimeError(f"allocate: not enough free blocks for {seq!r}")
     for b in hits: self._take(b)
     seq.block_table = hits + [self._take_free() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
     seq.block_hashes = [self.blocks[b].hash for b in hits]
-    seq.num_computed_tokens = len(hits) * self.block_size
+    seq.num_computed_tokens = (len(hits) + num_external) * self.block_size
     if seq.num_preemptions == 0:   # count each prompt once, not again on resume after preemption
         seq.num_cached_tokens = seq.num_computed_tokens
         if self.enable_prefix_caching:
-            self.query_tokens += seq.num_prompt_tokens; self.hit_tokens += seq.num_computed_tokens
+            self.query_tokens += seq.num_prompt_tokens; self.hit_tokens += len(hits) * self.block_size   # the pool's
+
 
 @patch
 def append_slots(self: BlockManager, seq: Sequence, num_new_tokens: int = 1):
@@ -148,11 +163,29 @@ def cache_computed_blocks(self: BlockManager, seq: Sequence):
         if h not in self.cached and blk.hash is None:   # a duplicate computed twice stays private
             blk.hash, blk.token_ids = h, toks
             self.cached[h] = blk.block_id
+            if self.events is not None: self.events.append(KVEvent("stored", h, toks, blk.block_id))
+
 
 @patch
 def reset_prefix_cache(self: BlockManager):
     for blk in self.blocks:
         if blk.ref_count == 0 and blk.hash is not None: self._forget(blk)
+
+# %% ../../nbs/12_block_manager.ipynb #94be576f
+@dataclass
+class KVEvent:
+    "A hash entered (`stored`) or left (`removed`) the prefix cache; `block_id` -1: its K/V may not be read any more."
+    kind: str
+    hash: bytes
+    token_ids: tuple
+    block_id: int
+
+@patch
+def num_cached_blocks(self: BlockManager, hashes: list[bytes]) -> int:
+    "How many of `hashes` (a prompt's chain, in order) this pool holds, from the first."
+    n = 0
+    while n < len(hashes) and hashes[n] in self.cached: n += 1
+    return n
 
 # %% ../../nbs/12_block_manager.ipynb #74bb6c3b
 @patch

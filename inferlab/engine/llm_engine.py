@@ -10,15 +10,19 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
+import math
 from fastcore.basics import patch
 import torch
 from ..model.tokenizer import Tokenizer
 from ..model.sampling import SamplingParams, token_logprobs
 from ..model.generate import check_prompt, detokenize_and_check
 from .kv_memory import num_kv_blocks, kv_block_bytes, available_memory
-from .sequence import Sequence, SequenceStatus, as_params, prompt_ids
+from .sequence import Sequence, as_params, prompt_ids
 from .structured import Constraints
 from .block_manager import BlockManager
+from .kv_connector import KVConnector, combine, move_kv
+from .kv_tiers import offloading_connector
+
 from .scheduler import Scheduler, SchedulerConfig, ScheduledBatch
 from .model_runner import ModelRunner, sample_batch, pack_model
 from .prompt_logprobs import take_prompt_rows
@@ -28,7 +32,7 @@ from .paged_attention import KV_CACHE_DTYPES
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
 # %% auto #0
-__all__ = ['EngineConfig', 'Speculator', 'KVConnector', 'kv_scales_for', 'local_runner', 'LLMEngine']
+__all__ = ['EngineConfig', 'Speculator', 'kv_scales_for', 'local_runner', 'LLMEngine']
 
 # %% ../../nbs/16_llm_engine.ipynb #fba2478e
 @dataclass
@@ -45,6 +49,9 @@ class EngineConfig:
     pack_weights: bool = True                  # fused q/k/v and gate/up, K-major on CPU (chapter 15)
     kv_cache_dtype: str | None = None          # "fp8" (E4M3) or "int8" KV blocks with per-head scales (chapter 13)
     enforce_eager: bool = False                # True: no CUDA graphs for decode steps (chapter 15b)
+    kv_offloading_size: float = 0.0            # GiB of host memory for blocks the pool evicts (chapter 16c); 0: none
+    kv_offloading_dir: str | None = None       # a directory for a disk tier of evicted blocks (it outlives the engine)
+    kv_offloading_disk_size: float = 8.0       # GiB the disk tier may use
 
     def __post_init__(self):
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -62,6 +69,14 @@ class EngineConfig:
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager: must be True or False, got {self.enforce_eager!r}")
         SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill, self.policy)
+        for f in ("kv_offloading_size", "kv_offloading_disk_size"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise ValueError(f"{f}: must be a number of GiB >= 0, got {v!r}")
+        if (self.kv_offloading_size or self.kv_offloading_dir) and not self.enable_prefix_caching:
+            raise ValueError("kv_offloading_size: the host and disk tiers keep prefix-cache blocks by their hashes; "
+                             "they need enable_prefix_caching=True")
+
 
 # %% ../../nbs/16_llm_engine.ipynb #93b9c5ed
 class Speculator(Protocol):
@@ -74,9 +89,7 @@ class Speculator(Protocol):
     def check(self) -> None: ...
     def stats(self) -> dict: ...
 
-class KVConnector(Protocol):
-    "Where a finished request's KV goes besides this pool (chapter 56: to a decode engine)."
-    def save(self, engine: "LLMEngine", seq: Sequence) -> None: ...
+
 
 def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
     "Per-layer, per-head KV scales from a seeded random prompt (None without a quantized KV cache)."
@@ -117,6 +130,10 @@ class LLMEngine(Engine):
         # chapter 34 sets it after the engine exists (a draft sizes its pool from ours)
         self.speculator = speculator
         self.kv_connector: KVConnector | None = None
+        self.kv_event_log: list | None = None    # the pool's KV events, kept for a router when it asks (chapter 16b)
+        tiers = offloading_connector(ec, self.model, self.runner)
+        if tiers is not None: self.add_kv_connector(tiers)
+
         self.eos_ids = set(cfg.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
         self.constraints = Constraints(tokenizer, cfg.vocab_size, self.eos_ids)   # penalties, masks (05a, 16a)
         self.requests: dict[str, Sequence] = {}
@@ -296,8 +313,12 @@ def settle(self: LLMEngine, outputs: list[RequestOutput]) -> list[RequestOutput]
 def _step(self: LLMEngine) -> list[RequestOutput]:
     batch = self.plan()
     if batch.is_empty: return []
+    t0 = time.perf_counter()
     with self.runner.step_threads(batch):        # one pool setting for the model call and the sampling after it
-        return self.finish(batch, self.execute(batch))
+        outputs = self.finish(batch, self.execute(batch))
+    if self.kv_connector is not None and batch.num_prefill_tokens:   # what recomputing a prompt costs here
+        self.kv_connector.observe_prefill(batch.num_prefill_tokens, time.perf_counter() - t0)
+    return outputs
 
 @patch
 def plan(self: LLMEngine) -> ScheduledBatch:
@@ -306,7 +327,15 @@ def plan(self: LLMEngine) -> ScheduledBatch:
     batch = self.scheduler.schedule()
     if self.speculator is not None:
         for seq in batch.preempted: self.speculator.release(seq)
+    move_kv(self, batch)                      # evicted blocks saved, found blocks loaded, before anything writes
     return batch
+
+@patch
+def add_kv_connector(self: LLMEngine, connector: KVConnector):
+    "Use `connector` (beside any the engine has): its lookups in the scheduler, its saves and loads in the step."
+    self.kv_connector = self.scheduler.connector = combine(self.kv_connector, connector)
+    if connector.wants_evictions and self.block_manager.events is None: self.block_manager.events = []
+
 
 @patch
 def execute(self: LLMEngine, batch: ScheduledBatch):
@@ -325,33 +354,6 @@ def _wants_hidden(self: LLMEngine) -> bool: return self.speculator is not None a
 
 # %% ../../nbs/16_llm_engine.ipynb #996b3729
 @patch
-def add_prefilled(self: LLMEngine, prompt_token_ids: list[int], first_token: int, write_kv, params=None,
-                  request_id: str | None = None) -> str:
-    """Queue a prompt whose KV was computed elsewhere and run it from its first token. `write_kv(block_table, fresh)`
-    fills the `fresh` indices of the table (the blocks the cache did not hold). Any failure leaves the engine as it
-    was."""
-    params = as_params(params)
-    if params.logprobs is not None: raise ValueError("logprobs: not available for a prompt prefilled elsewhere")
-    if params.prompt_logprobs is not None:    # the prompt's logits were computed, and dropped, on the other engine
-        raise ValueError("prompt_logprobs: not available for a prompt prefilled elsewhere (its logits stayed there)")
-    rid = self.add_request(prompt_token_ids, params, request_id)
-    seq, sched, bm = self.requests[rid], self.scheduler, self.block_manager
-    sched.waiting.remove(seq)                # it skips the waiting queue: its prefill is done
-    hits = bm.prefix_hits(seq)
-    if not bm.can_allocate(seq, hits):
-        self._forget(rid)
-        raise ValueError(f"kv_cache: no room for {seq.num_prompt_tokens} prompt tokens on this engine now")
-    bm.allocate(seq, hits)
-    try: write_kv(seq.block_table, list(range(len(hits), bm.blocks_needed(seq.num_prompt_tokens))))
-    except Exception: sched.finish(seq, "error"); self._forget(rid); raise
-    seq.num_computed_tokens = seq.num_prompt_tokens
-    bm.cache_computed_blocks(seq)            # later prompts with this prefix hit these blocks
-    seq.status, seq.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
-    sched.running.append(seq)
-    self.append_token(seq, first_token, None)   # may finish it at once (EOS, max_tokens=1)
-    return rid
-
-@patch
 def fail(self: LLMEngine, request_id: str, err: Exception) -> RequestOutput | None:
     "End a request now with `finish_reason='error'` (blocks freed) and forget it: its final output (None: unknown)."
     seq = self.requests.get(request_id)
@@ -368,12 +370,16 @@ def stats(self: LLMEngine) -> dict:
              num_blocks=bm.num_blocks, prefix_query_tokens=bm.query_tokens, prefix_hit_tokens=bm.hit_tokens,
              prefix_hit_rate=bm.hit_rate, steps=self.num_steps, prefill_tokens=self.num_prefill_tokens,
              decode_tokens=self.num_decode_tokens, preemptions=sch.num_preemptions, weight_bytes=self.weight_bytes)
+    s |= self.kv_connector.stats() if self.kv_connector is not None else {}
     return s | (self.speculator.stats() if self.speculator is not None else {})
 
 @patch
 def shutdown(self: LLMEngine):
-    "Give back what the runner holds: nothing for one process; workers and a process group for chapter 43's."
+    """Give back what the runner holds (nothing for one process; workers and a process group for chapter 43's) after
+    the KV connector has flushed what must outlive the engine (chapter 16c's disk tier)."""
+    if self.kv_connector is not None: self.kv_connector.close(self)
     self.runner.shutdown()
+
 
 @patch
 def check_idle(self: LLMEngine):

@@ -11,7 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from fastcore.basics import patch
 from .sequence import Sequence, SequenceStatus
-from .block_manager import BlockManager
+from .block_manager import BlockManager, chain_hashes
+
 
 # %% auto #0
 __all__ = ['SchedulerConfig', 'ScheduledBatch', 'prompt_rows', 'Scheduler', 'dry_run']
@@ -44,6 +45,8 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     num_sampled: list[int] = field(default_factory=list)
     num_prompt_rows: list[int] = field(default_factory=list)
+    kv_loads: list[tuple] = field(default_factory=list)   # (seq, block ids, staged): a KV connector fills them
+
 
     def __post_init__(self):
         if not self.num_sampled:   # the default: sample once where a step reaches the end of a sequence's tokens
@@ -86,8 +89,10 @@ def _priority_key(seq: Sequence): return (seq.priority, seq.arrival_time, seq.se
 
 class Scheduler:
     "Iteration-level scheduling over a `BlockManager`: continuous batching, chunked prefill, preemption by recompute."
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, connector=None):
         self.config, self.block_manager = config, block_manager
+        self.connector = connector                 # a KV connector (chapter 16b) asked after the pool's prefix hits
+
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -116,7 +121,7 @@ class Scheduler:
 @patch
 def schedule(self: Scheduler) -> ScheduledBatch:
     cfg, bm = self.config, self.block_manager
-    budget, picked, preempted = cfg.max_num_batched_tokens, {}, []
+    budget, picked, preempted, loads = cfg.max_num_batched_tokens, {}, [], []
     # 1. running sequences (decodes, verifications of drafts, unfinished prefill chunks), oldest first
     i = 0
     while i < len(self.running) and budget > 0:
@@ -133,26 +138,35 @@ def schedule(self: Scheduler) -> ScheduledBatch:
     # 2. waiting sequences, unless this step had to preempt (memory is tight: admit nothing new)
     while self.waiting and not preempted and budget > 0 and len(self.running) < cfg.max_num_seqs:
         seq = self.waiting[0]
-        hits = bm.prefix_hits(seq)                            # hashed once, used by the check and the action
+        hits = bm.prefix_hits(seq)                            # hashed once: the check and the action use it
         if seq.params.prompt_logprobs is not None:            # cached blocks never had their logits computed:
             hits = hits[:(len(seq.prompt_logprobs) - 1) // bm.block_size]   # read only blocks already scored
         if not bm.can_allocate(seq, hits): break
-        if not cfg.enable_chunked_prefill and seq.num_tokens - len(hits) * bm.block_size > budget:
+        staged = self._lookup(seq, len(hits))                 # blocks a KV connector holds beyond the pool's hits
+        if not cfg.enable_chunked_prefill and seq.num_tokens - (len(hits) + len(staged)) * bm.block_size > budget:
             break                                             # the whole prompt must fit this step
         self.waiting.popleft()
-        bm.allocate(seq, hits)
-        seq.status = SequenceStatus.RUNNING
-        if seq.first_scheduled_time is None: seq.first_scheduled_time = time.perf_counter()
+        bm.allocate(seq, hits, len(staged))
+        if staged: loads.append((seq, seq.block_table[len(hits):len(hits) + len(staged)], staged))   # move_kv loads
+        seq.status, seq.first_scheduled_time = SequenceStatus.RUNNING, seq.first_scheduled_time or time.perf_counter()
         if cfg.policy == "priority": self._insort(self.running, seq)
         else: self.running.append(seq)
         n = min(seq.num_uncomputed_tokens, budget)
         picked[seq] = n; budget -= n
-    sampled = {s: len(s.draft_token_ids) + 1 if s.draft_token_ids else
-               int(s.num_computed_tokens + n == s.num_tokens) for s, n in picked.items()}
+    sampled = {s: len(s.draft_token_ids) + 1 if s.draft_token_ids else int(s.num_computed_tokens + n == s.num_tokens)
+               for s, n in picked.items()}
     order = sorted(picked, key=lambda s: sampled[s] == picked[s])   # prefill chunks first, then decode rows (stable)
     rows = [prompt_rows(s, picked[s]) if s.params.prompt_logprobs is not None else 0 for s in order]
     return ScheduledBatch(order, [picked[s] for s in order], preempted, [sampled[s] for s in order],
-                          rows if any(rows) else [])
+                          rows if any(rows) else [], loads)
+
+@patch
+def _lookup(self: Scheduler, seq: Sequence, start: int) -> list:
+    "What the KV connector holds of `seq`'s full blocks after the first `start` (never the last token's block)."
+    n = (seq.num_tokens - 1) // self.block_manager.block_size
+    if self.connector is None or start >= n or seq.params.prompt_logprobs is not None: return []
+    return self.connector.lookup(seq, chain_hashes(seq.token_ids, self.block_manager.block_size, n), start)[:n - start]
+
 
 @patch
 def _fit_drafts(self: Scheduler, seq: Sequence, budget: int) -> int:

@@ -15,6 +15,8 @@ import torch.multiprocessing as mp
 from ..model.config import resolve_model_path, load_config
 from ..model.tokenizer import load_tokenizer
 from ..engine.llm_engine import LLMEngine, EngineConfig
+from ..engine.block_manager import chain_hashes
+from ..engine.sequence import prompt_ids
 from ..engine.interface import Engine, RequestOutput, EngineDeadError
 from ..quant.presets import check_quantization, input_block
 from ..spec_decode.spec_decoder import SpeculativeConfig, add_speculation
@@ -43,8 +45,7 @@ class SpmdLeader(Engine):
     def add_request(self, prompt, params=None, request_id=None, priority: int = 0, arrival_time=None) -> str:
         idx, self._added = self._added, self._added + 1
         try: rid = self.engine.add_request(prompt, params, request_id, priority, arrival_time)
-        except ValueError as e:
-            self._report.append((idx, None, str(e))); raise
+        except ValueError as e: self._report.append((idx, None, str(e))); raise
         self._index[rid] = idx
         return rid
 
@@ -79,8 +80,8 @@ def recv_outputs() -> list[tuple]:
     dev = comm_device()
     n = torch.zeros(3, dtype=torch.int64, device=dev); dist.broadcast(n, 0)
     count, n_tok, n_text = n.tolist()
-    rows = torch.zeros(count, 5, dtype=torch.int64, device=dev); tokens = torch.zeros(n_tok, dtype=torch.int64,
-                                                                                      device=dev)
+    rows = torch.zeros(count, 5, dtype=torch.int64, device=dev)
+    tokens = torch.zeros(n_tok, dtype=torch.int64, device=dev)
     text = torch.zeros(n_text, dtype=torch.uint8, device=dev)
     for t in (rows, tokens, text):
         if t.numel(): dist.broadcast(t, 0)
@@ -150,9 +151,10 @@ class ReplicaRunner:
     def shutdown(self): pass                                      # the shared runner owns the group
 
 class DataParallelEngine(Engine):
-    "Rank 0's engine for data parallelism: one chapter-16 engine per DP rank, planned, run and finished together."
+    """Rank 0's engine for data parallelism: one chapter-16 engine per DP rank, planned, run and finished together.
+    `routing`: the policy that picks each new request's replica (chapter 58a); None: the one with fewest requests."""
     def __init__(self, model, tokenizer, config: EngineConfig, parallel: ParallelConfig, threads: int, workers=(),
-                 speculative_config=None, source=None):
+                 speculative_config=None, source=None, routing=None):
         first = LLMEngine(model, tokenizer, config, runner=parallel_runner(parallel, threads, workers))
         view = lambda *args: ReplicaRunner(first.runner)
         self.replicas = [first] + [LLMEngine(model, tokenizer, config, runner=view)
@@ -161,30 +163,44 @@ class DataParallelEngine(Engine):
             if speculative_config is not None: add_speculation(r, speculative_config, source)
         self.runner, self.tokenizer, self.max_model_len = first.runner, tokenizer, first.max_model_len
         self.model_name, self.model_config = first.model_name, first.model_config
-        self.owner: dict[str, LLMEngine] = {}
+        self.owner: dict[str, LLMEngine] = {}; self.routing = routing
 
     def add_request(self, prompt, params=None, request_id=None, priority: int = 0, arrival_time=None) -> str:
         holder = self.owner.get(request_id)
         if holder is not None and request_id in holder.requests:
             raise ValueError(f"request_id: {request_id!r} is already in flight")   # checked before any replica sees it
-        replica = min(self.replicas, key=lambda r: len(r.requests))   # the least loaded rank takes it
-        rid = replica.add_request(prompt, params, request_id, priority, arrival_time)
-        self.owner[rid] = replica
+        i, routed = self._route(prompt)
+        rid = self.replicas[i].add_request(prompt, params, request_id, priority, arrival_time)
+        if routed is not None: self.routing.count(*routed)       # counted once a replica has taken it
+        self.owner[rid] = self.replicas[i]
         return rid
 
-    def abort(self, request_id: str) -> bool:
-        r = self.owner.get(request_id)
-        return r is not None and r.abort(request_id)
+    def abort(self, request_id) -> bool: return (r := self.owner.get(request_id)) is not None and r.abort(request_id)
 
     def has_unfinished(self) -> bool: return any(r.has_unfinished() for r in self.replicas)
     def shutdown(self): self.runner.shutdown()
+    def reset_prefix_cache(self):                    # forget every replica's cached prefixes: a cold start
+        for r in self.replicas: r.block_manager.reset_prefix_cache()
 
 # %% ../../nbs/44_parallel_engine.ipynb #25303ad0
 @patch
+def _route(self: DataParallelEngine, prompt) -> tuple[int, tuple | None]:
+    """The replica a new request goes to, and (prompt tokens, tokens cached there) for the policy's counters. A load
+    (chapter 58a): the prompt's leading blocks cached, blocks in use + waiting requests' need, requests, free blocks."""
+    if self.routing is None: return min(range(len(self.replicas)), key=lambda i: len(self.replicas[i].requests)), None
+    ids, bs = prompt_ids(self.tokenizer, prompt), self.replicas[0].block_manager.block_size
+    hashes = chain_hashes(ids, bs, (len(ids) - 1) // bs)      # not the last token's block: it must run (chapter 12)
+    loads = [dict(overlap_blocks=bm.num_cached_blocks(hashes), num_requests=len(r.requests),
+                  active_blocks=bm.num_blocks - bm.num_free_blocks + sum(bm.blocks_needed(s.num_tokens)
+                                                                         for s in r.scheduler.waiting),
+                  free_blocks=bm.num_free_blocks) for r, bm in ((r, r.block_manager) for r in self.replicas)]
+    i = self.routing.choose(loads, len(ids) / bs)
+    return i, (len(ids), loads[i]["overlap_blocks"] * bs)
+
+@patch
 def step(self: DataParallelEngine) -> list[RequestOutput]:
     "Plan every replica, run the plans together on the ranks, finish each replica with its own rows."
-    plans = [r.plan() for r in self.replicas]
-    results = [None] * len(plans)
+    plans = [r.plan() for r in self.replicas]; results = [None] * len(plans)
     if any(not b.is_empty for b in plans):
         with self.runner.step_threads(max(plans, key=lambda b: b.num_tokens)):
             try: results = self.runner.execute_all(plans)
@@ -205,7 +221,7 @@ def stats(self: DataParallelEngine) -> dict:
     total["prefix_hit_rate"] = total["prefix_hit_tokens"] / max(1, total["prefix_query_tokens"])
     if "num_draft_tokens" in total:
         total["acceptance_rate"] = total["num_accepted_tokens"] / max(1, total["num_draft_tokens"])
-    return total | {"replicas": per}
+    return total | (self.routing.stats() if self.routing is not None else {}) | {"replicas": per}
 
 # %% ../../nbs/44_parallel_engine.ipynb #059f1d0f
 GUARD_HINT = ('a spawned worker re-imports the main script, so one that builds a parallel LLM at its top level builds '
@@ -302,8 +318,13 @@ def backend_threads() -> list[str]:
         except OSError: pass                            # the thread ended while we looked
     return [n for n in names if "gloo" in n or "nccl" in n.lower()]
 
-def check_parallel(parallel: ParallelConfig, cfg, path, quantization: str | None, spec) -> int:
+def check_parallel(parallel: ParallelConfig, cfg, path, quantization: str | None, spec, config=None) -> int:
     "Refuse, before any process starts, a split or a combination that cannot work; the preset's block alignment."
+    tiers = [f for f in ("kv_offloading_size", "kv_offloading_dir") if getattr(config, f, None)]
+    if tiers and parallel.world_size > 1:
+        raise ValueError(f"{tiers[0]}: host/disk KV tiers with tensor_parallel_size={parallel.tensor_parallel_size}, "
+                         f"data_parallel_size={parallel.data_parallel_size}: a tier copies whole blocks out of this "
+                         "process's pool; a TP rank holds a shard of each, DP replicas' pools are in other processes")
     if parallel.enable_expert_parallel and not cfg.num_experts:
         raise ValueError(f"enable_expert_parallel: {path} is a dense model (no experts to split)")
     align = input_block(quantization)
@@ -321,14 +342,15 @@ def check_parallel(parallel: ParallelConfig, cfg, path, quantization: str | None
 
 # %% ../../nbs/44_parallel_engine.ipynb #151a7543
 def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, device=None, threads: int | None = None,
-           quantization: str | None = None, speculative_config=None, config: EngineConfig | None = None) -> Engine:
-    """A parallel engine over checkpoint `model`: rank 0's (`LLMEngine` over a `ParallelRunner`, `DataParallelEngine`,
-    `SpmdLeader` under torchrun) or a torchrun follower's; each rank quantizes its own shard with `quantization`."""
+           quantization: str | None = None, speculative_config=None, config: EngineConfig | None = None,
+           routing=None) -> Engine:
+    """A parallel engine over checkpoint `model`: rank 0's (`LLMEngine` over a `ParallelRunner`, `DataParallelEngine`
+    routing with `routing`, `SpmdLeader` under torchrun) or a torchrun follower's; each rank quantizes its own shard."""
     parallel, config = parallel or ParallelConfig(), config or EngineConfig()
     check_quantization(quantization)
     spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
     path, world = resolve_model_path(model), parallel.world_size
-    align = check_parallel(parallel, load_config(path), path, quantization, spec)
+    align = check_parallel(parallel, load_config(path), path, quantization, spec, config)
     if quantization is not None: config = dataclasses.replace(config, pack_weights=False)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = threads or max(1, cores // world)
@@ -337,8 +359,7 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
     else:
         if (line := unguarded_main_line()) is not None:
             raise RuntimeError(f"tensor_parallel_size: {sys.modules['__main__'].__file__}:{line} runs at the "
-                               "script's top "
-                               f"level; {GUARD_HINT}")
+                               f"script's top level; {GUARD_HINT}")
         if dist.is_initialized():
             raise RuntimeError("launch: this process already has a process group (another parallel LLM?); shut it down "
                                "first")
@@ -353,7 +374,8 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
         tokenizer = load_tokenizer(path)
         if rank > 0: return FollowerEngine(make_rank_runner(rank_model, config, threads), tokenizer, rank_model)
         if parallel.data_parallel_size > 1:
-            return DataParallelEngine(rank_model, tokenizer, config, parallel, threads, workers, spec, str(path))
+            return DataParallelEngine(rank_model, tokenizer, config, parallel, threads, workers, spec, str(path),
+                                      routing)
         engine = LLMEngine(rank_model, tokenizer, config, runner=parallel_runner(parallel, threads, workers))
         if spec is not None: add_speculation(engine, spec, str(path))
         return SpmdLeader(engine) if spmd else engine

@@ -13,7 +13,8 @@ import torch
 from ..model.sampling import SamplingParams
 from ..engine.interface import Engine, RequestOutput
 from ..engine.llm_engine import LLMEngine
-from .kv_transfer import KVPayload, PayloadCollector, adopt, _DTYPES
+from .kv_transfer import KVPayload, PayloadCollector, adopt, payload_collector, _DTYPES
+from ..engine.kv_connector import enable_kv_events, take_kv_events
 
 # %% auto #0
 __all__ = ['LEASE_S', 'send', 'no_delay', 'recv', 'params_dict', 'write_payload', 'read_payload', 'run_worker', 'decode_loop',
@@ -68,11 +69,14 @@ def _set_process_name(name: str):
     except Exception: pass
 
 def _pool(engine: Engine) -> dict:
-    "A worker's load figures for the router (chapter 15c's `stats()`)."
+    """A worker's load figures for the router (chapter 15c's `stats()`), and the hashes its pool stored and removed
+    since the last report (chapter 16b's KV events: the router's prefix index, chapter 58a)."""
     s = engine.stats()
+    events = take_kv_events(engine) if getattr(engine, "kv_event_log", None) is not None else None
     return dict(free=s["free_blocks"], blocks=s["num_blocks"], query=s["prefix_query_tokens"],
                 hits=s["prefix_hit_tokens"], running=s["num_running"], waiting=s["num_waiting"],
-                drafts=s.get("num_draft_tokens", 0), accepted=s.get("num_accepted_tokens", 0))
+                drafts=s.get("num_draft_tokens", 0), accepted=s.get("num_accepted_tokens", 0)) | (
+                    {} if events is None else dict(kv_events=events))
 
 def _out(o: RequestOutput, sent: dict) -> dict:
     n = sent.get(o.request_id, 0)
@@ -88,7 +92,8 @@ def run_worker(engine: LLMEngine, role: str, name: str, address: str, authkey: b
     _set_process_name(name)
     host, port = address.rsplit(":", 1)
     conn = no_delay(Client((host, int(port)), authkey=authkey))
-    if role == "prefill": engine.kv_connector = PayloadCollector()   # its finished prompts leave their KV blocks
+    if role == "prefill": engine.add_kv_connector(PayloadCollector())   # its finished prompts leave their KV blocks
+    else: enable_kv_events(engine)                                  # the router's prefix index follows the pool
     send(conn, dict(op="ready", name=name, pool=_pool(engine)))
     try: (prefill_loop if role == "prefill" else decode_loop)(engine, conn)
     except (EOFError, ConnectionError): pass                       # the router is gone: so are we
@@ -133,7 +138,7 @@ def prefill_loop(engine: LLMEngine, conn):
         if engine.has_unfinished():
             for o in engine.step():
                 if not o.finished: continue
-                pl = engine.kv_connector.payloads.pop(o.request_id, None)
+                pl = payload_collector(engine).payloads.pop(o.request_id, None)
                 if pl is None: msgs.append(dict(op="prefill_failed", rid=o.request_id, error=str(o.error))); continue
                 name, meta = write_payload(pl)
                 leases.append((name, time.monotonic()))

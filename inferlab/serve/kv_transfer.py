@@ -15,11 +15,14 @@ from ..model.model import load_model
 from ..model.tokenizer import load_tokenizer
 from ..engine.sequence import Sequence
 from ..engine.llm_engine import LLMEngine, EngineConfig
+from ..engine.kv_connector import KVConnector, add_prefilled
+
 from ..engine.paged_attention import KV_CACHE_DTYPES
 from ..model.sampling import SamplingParams
 
 # %% auto #0
-__all__ = ['HEADER', 'KVPayload', 'PayloadCollector', 'prefill_engine', 'prefill', 'adopt', 'send_kv', 'recv_kv', 'disagg_demo']
+__all__ = ['HEADER', 'KVPayload', 'PayloadCollector', 'prefill_engine', 'payload_collector', 'prefill', 'PayloadSource', 'adopt',
+           'send_kv', 'recv_kv', 'disagg_demo']
 
 # %% ../../nbs/56_kv_transfer.ipynb #bb80f1e0
 @dataclass
@@ -35,7 +38,7 @@ class KVPayload:
         return self.kv.numel() * self.kv.element_size() + (0 if self.scales is None else self.scales.numel() * 4)
 
 # %% ../../nbs/56_kv_transfer.ipynb #12a75234
-class PayloadCollector:
+class PayloadCollector(KVConnector):
     "A prefill engine's KV connector: each finished prompt's blocks, copied out into `payloads[request_id]`."
     def __init__(self): self.payloads: dict[str, KVPayload] = {}
 
@@ -46,11 +49,17 @@ class PayloadCollector:
         self.payloads[seq.request_id] = KVPayload(kv, scales, list(seq.prompt_token_ids), seq.output_token_ids[0])
 
 def prefill_engine(model="tiny-dense", dtype=None, **engine_config) -> LLMEngine:
-    "An engine over a checkpoint whose finished prompts leave their KV in `engine.kv_connector.payloads`."
+    "An engine over a checkpoint whose finished prompts leave their KV in its `PayloadCollector`'s `payloads`."
     path = resolve_model_path(model)
     engine = LLMEngine(load_model(path, dtype=dtype), load_tokenizer(path), EngineConfig(**engine_config))
-    engine.kv_connector = PayloadCollector()
+    engine.add_kv_connector(PayloadCollector())       # beside the engine's tiers, if it has any (chapter 16c)
     return engine
+
+def payload_collector(engine: LLMEngine) -> PayloadCollector:
+    "The engine's `PayloadCollector`, alone or among other connectors."
+    for c in getattr(engine.kv_connector, "connectors", [engine.kv_connector]):
+        if isinstance(c, PayloadCollector): return c
+    raise ValueError("kv_connector: this engine has no PayloadCollector (build it with prefill_engine)")
 
 def prefill(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams | None = None) -> list[KVPayload]:
     "Prefill `prompts` on `engine` (continuously batched; its connector a `PayloadCollector`): each one's payload."
@@ -63,19 +72,22 @@ def prefill(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams 
         for o in engine.step():
             if o.finished and o.error is not None: errors[o.request_id] = o.error
     if errors: raise RuntimeError(f"prefill: {len(errors)} prompt(s) failed, first: {next(iter(errors.values()))}")
-    return [engine.kv_connector.payloads.pop(r) for r in rids]
+    return [payload_collector(engine).payloads.pop(r) for r in rids]
+
 
 # %% ../../nbs/56_kv_transfer.ipynb #65075b66
+class PayloadSource(KVConnector):
+    "The decode side's connector for one payload: its prompt's blocks from `start` on, the last partial one included."
+    def __init__(self, payload: KVPayload): self.payload = payload
+    def lookup(self, seq, hashes, start):
+        return [self.payload.kv[:, :, i] for i in range(start, self.payload.kv.shape[2])]
+    def load(self, runner, block_ids, staged): runner.write_kv(block_ids, torch.stack(staged, 2), self.payload.scales)
+
 def adopt(engine: LLMEngine, payload: KVPayload, params: SamplingParams | None = None,
           request_id: str | None = None) -> str:
     "Continue a prefilled prompt on `engine` from its payload; returns the request id (`step()` produces the rest)."
-    def write_kv(block_table, fresh):                        # fresh: blocks the prefix cache did not already have
-        n = len(block_table)
-        if payload.kv.shape[2] != n:
-            raise ValueError(f"kv: {payload.kv.shape[2]} blocks for a {len(payload.prompt_token_ids)}-token prompt "
-                             f"(expected {n})")
-        if fresh: engine.runner.write_kv([block_table[i] for i in fresh], payload.kv[:, :, fresh], payload.scales)
-    return engine.add_prefilled(payload.prompt_token_ids, payload.first_token, write_kv, params, request_id)
+    return add_prefilled(engine, payload.prompt_token_ids, payload.first_token, PayloadSource(payload), params,
+                         request_id)
 
 # %% ../../nbs/56_kv_transfer.ipynb #b94cf345
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16] + list(dict.fromkeys(KV_CACHE_DTYPES.values()))

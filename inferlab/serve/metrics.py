@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PREFIX', 'TTFT_BUCKETS', 'TOKEN_BUCKETS', 'E2E_BUCKETS', 'ServerMetrics', 'histogram_quantile']
+__all__ = ['PREFIX', 'TTFT_BUCKETS', 'TOKEN_BUCKETS', 'E2E_BUCKETS', 'OFFLOAD_SERIES', 'ServerMetrics', 'histogram_quantile']
 
 # %% ../../nbs/52_metrics.ipynb #dd5fff15
 PREFIX = "inferlab:"
@@ -23,6 +23,10 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                960.0, 1920.0, 7680.0)
 
 # %% ../../nbs/52_metrics.ipynb #48755292
+OFFLOAD_SERIES = dict(hits="Blocks found in the KV tier", misses="Blocks looked up in the KV tier and not found",
+                      loaded_bytes="KV bytes loaded from the tier", saved_bytes="KV bytes saved to the tier",
+                      load_seconds="Seconds spent loading KV from the tier", save_seconds="Seconds spent saving KV")
+
 class ServerMetrics:
     "Prometheus series for one served model; `observe_step(engine, outputs)` after each engine step."
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
@@ -62,7 +66,12 @@ class ServerMetrics:
         self.spec_draft_seconds = c("spec_decode_draft_seconds", "Seconds the proposer spent drafting")
         self._spec_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                  "Draft tokens accepted at each draft position", lab + ["position"], registry=r)
-        self._spec = {}
+        self._last = {}                                          # the last value of each cumulative figure
+        # KV-aware routing (chapter 58a) and KV tiers (chapter 16c): created when an engine reports them
+        self._router = {k: Counter(PREFIX + f"router_prefix_cache_{k}", d, lab, registry=r) for k, d in (
+            ("queries", "Prompt tokens a router routed"), ("hits", "Prompt tokens cached on the replica it chose"))}
+        self._offload = {k: Counter(PREFIX + f"kv_offload_{k}", d, lab + ["tier"], registry=r)
+                         for k, d in OFFLOAD_SERIES.items()}
 
 # %% ../../nbs/52_metrics.ipynb #509ea54a
 @patch
@@ -76,6 +85,8 @@ def observe_step(self: ServerMetrics, engine, outputs):
     self._prefix = (s["prefix_query_tokens"], s["prefix_hit_tokens"])
     if "kv_transfer_bytes" in s: self._observe_transfers(s)
     if "num_draft_tokens" in s: self._observe_speculation(s)
+    if "router_prefix_query_tokens" in s: self._observe_router(s)
+    if any(k.startswith("kv_offload_") for k in s): self._observe_offload(s)
     for out in outputs: self._observe_output(out, now)
 
 @patch
@@ -118,17 +129,37 @@ def exposition(self: ServerMetrics) -> tuple[bytes, str]:
 
 # %% ../../nbs/52_metrics.ipynb #39b30446
 @patch
+def _grow(self: ServerMetrics, counter, key, value):
+    """Add a cumulative engine figure's growth since the last step to `counter`. A figure that went down was reset
+    (a new engine or router behind the server): its new value is all growth, as Prometheus reads a counter reset."""
+    if value is None: return
+    last = self._last.get(key, 0)
+    counter.inc(value - last if value >= last else value); self._last[key] = value
+
+@patch
 def _observe_speculation(self: ServerMetrics, s: dict):
     "The speculation counters' growth since the last step (a router passes on only drafts and accepted tokens)."
-    def grow(counter, key, value):
-        if value is None: return
-        counter.inc(value - self._spec.get(key, 0)); self._spec[key] = value
+    grow = self._grow
     grow(self.spec_drafts, "draft", s["num_draft_tokens"])
     grow(self.spec_accepted, "accepted", s["num_accepted_tokens"])
     grow(self.spec_verifications, "drafts", s.get("num_drafts"))
     grow(self.spec_draft_seconds, "secs", s.get("draft_seconds"))
     for j, n in enumerate(s.get("num_accepted_tokens_per_pos", [])):
         grow(self._spec_pos.labels(self.model_name, str(j)), ("pos", j), n)
+
+@patch
+def _observe_router(self: ServerMetrics, s: dict):
+    "A routing policy's prefix-hit counters (data-parallel replicas, the disaggregation router), vLLM-style names."
+    self._grow(self._router["queries"].labels(self.model_name), "router_q", s["router_prefix_query_tokens"])
+    self._grow(self._router["hits"].labels(self.model_name), "router_h", s["router_prefix_hit_tokens"])
+
+@patch
+def _observe_offload(self: ServerMetrics, s: dict):
+    "The KV tiers' counters, one series per tier: blocks hit and missed, bytes and seconds loaded and saved."
+    for tier in ("host", "disk"):
+        for k, counter in self._offload.items():
+            if (v := s.get(f"kv_offload_{tier}_{k}")) is not None:
+                self._grow(counter.labels(self.model_name, tier), f"offload_{tier}_{k}", v)
 
 # %% ../../nbs/52_metrics.ipynb #6e3ae820
 def histogram_quantile(q: float, hist) -> float:

@@ -16,12 +16,13 @@ from ..model.tokenizer import load_tokenizer
 from ..engine.interface import Engine, RequestOutput, RequestMetrics
 from ..engine.llm_engine import EngineConfig
 from ..engine.sequence import as_params
-from ..engine.block_manager import block_hash
+from ..engine.block_manager import chain_hashes
 from .disagg import send, recv, params_dict, no_delay
+from .kv_routing import ReplicaLoad, RoutingPolicy, apply_kv_events
 
 # %% auto #0
-__all__ = ['parse_disaggregation', 'prompt_hashes', 'remote_prefill', 'Worker', 'Route', 'worker_command', 'start_workers',
-           'DisaggRouter', 'stop_workers']
+__all__ = ['parse_disaggregation', 'remote_prefill', 'Worker', 'Route', 'worker_command', 'start_workers', 'DisaggRouter',
+           'stop_workers']
 
 # %% ../../nbs/58_router.ipynb #c2080000
 def parse_disaggregation(spec: str) -> tuple[int, int]:
@@ -30,13 +31,6 @@ def parse_disaggregation(spec: str) -> tuple[int, int]:
     if not m or int(m.group(2)) < 1:
         raise ValueError(f"--disaggregation: expected xPyD with y >= 1 (e.g. 1P1D, 1P2D), got {spec!r}")
     return int(m.group(1)), int(m.group(2))
-
-def prompt_hashes(ids: list[int], block_size: int) -> list:
-    "Chained hashes of a prompt's full blocks (chapter 12), the router's key for prefix affinity."
-    out, prev = [], None
-    for i in range(len(ids) // block_size):
-        prev = block_hash(prev, tuple(ids[i * block_size:(i + 1) * block_size])); out.append(prev)
-    return out
 
 def remote_prefill(uncached: int, prefill_queue: int, max_local_prefill_length: int = 1000,
                    max_prefill_queue: int = 2) -> bool:
@@ -51,7 +45,7 @@ class Worker:
     conn: object = None
     pool: dict = field(default_factory=dict)
     inflight: set = field(default_factory=set)
-    hashes: set = field(default_factory=set)          # prefix blocks the router sent here (decode workers)
+    hashes: set = field(default_factory=set)          # block hashes it reports caching (its KV events; decode)
     alive: bool = True
 
     @property
@@ -65,6 +59,7 @@ class Route:
     ids: list[int]
     params: object
     decode: Worker
+    hashes: list = field(default_factory=list)        # its prompt's chain: the blocks a prefix cache could serve
     prefill: Worker | None = None
     arrival: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
@@ -107,6 +102,7 @@ def start_workers(num_prefill: int, num_decode: int, worker_args: list[str] = ()
             for conn in [c for c in waiting if c.poll(0)]:
                 hello = recv(conn); waiting.remove(conn)
                 w = pending.pop(hello["name"]); w.conn, w.pool = conn, hello["pool"]
+                apply_kv_events(w.hashes, w.pool.get("kv_events"))          # a restarted pool may hold blocks
             time.sleep(0.05)
     except BaseException:
         for w in workers.values():
@@ -118,10 +114,13 @@ def start_workers(num_prefill: int, num_decode: int, worker_args: list[str] = ()
 # %% ../../nbs/58_router.ipynb #3819cfc5
 class DisaggRouter(Engine):
     """The front end's engine for `--disaggregation xPyD`: an `Engine` (chapter 15c) whose model runs in prefill and
-    decode worker processes. `worker_args`: the engine flags every worker is started with (chapter 08)."""
+    decode worker processes. `worker_args`: the engine flags every worker is started with (chapter 08); `router_mode`
+    and `kv_overlap_score_weight`: how the decode worker of a request is chosen (chapter 58a)."""
     def __init__(self, model=None, num_prefill: int = 1, num_decode: int = 1, *, worker_args: list[str] = (),
-                 max_local_prefill_length: int = 1000, max_prefill_queue: int = 2, **engine_config):
+                 max_local_prefill_length: int = 1000, max_prefill_queue: int = 2, router_mode: str = "kv",
+                 kv_overlap_score_weight: float = 1.0, **engine_config):
         self.config = EngineConfig(**engine_config)              # checked here, built by every worker
+        self.routing = RoutingPolicy(router_mode, kv_overlap_score_weight)   # picks the decode worker (chapter 58a)
         path = resolve_model_path(model)
         cfg = self.model_config = load_config(path)
         self.model_name, self.tokenizer = str(path), load_tokenizer(path)
@@ -170,15 +169,16 @@ def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None 
     rid = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
     if rid in self.requests: raise ValueError(f"request_id: {rid!r} is already in flight")
     self._reap()
-    hashes = prompt_hashes(ids, self.config.block_size)
-    def cached(w): return next((i for i, h in enumerate(hashes) if h not in w.hashes),
-                               len(hashes)) * self.config.block_size
+    bs = self.config.block_size
+    hashes = chain_hashes(ids, bs, (len(ids) - 1) // bs)      # not the last token's block: it must run (chapter 12)
     while True:
         decoders = self._live("decode")
         if not decoders: raise RuntimeError("disaggregation: no decode worker is alive")
-        d = min(decoders, key=lambda w: (len(w.inflight) - cached(w) / 512, w.name))   # load, then affinity
-        route = Route(rid, prompt, ids, params, d, arrival=arrival_time or time.perf_counter())
-        prefillers, uncached = self._live("prefill"), len(ids) - cached(d)
+        loads = [self._load(w, hashes) for w in decoders]
+        i = self.routing.choose(loads, len(ids) / bs)
+        d, cached = decoders[i], loads[i].overlap_blocks * bs
+        route = Route(rid, prompt, ids, params, d, hashes, arrival=arrival_time or time.perf_counter())
+        prefillers, uncached = self._live("prefill"), len(ids) - cached
         queue = sum(len(w.inflight) for w in prefillers)
         if prefillers and params.logprobs is None and remote_prefill(uncached, queue, self.max_local_prefill_length,
                                                                       self.max_prefill_queue):
@@ -190,9 +190,20 @@ def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None 
         if self._post(d, dict(op="add", rid=rid, prompt=ids, params=params_dict(params))):
             self.local_prefills += 1
             break                                             # else d just died: pick another
-    d.inflight.add(rid); d.hashes.update(hashes)
+    d.inflight.add(rid); self.routing.count(len(ids), cached)
     self.requests[rid] = route
     return rid
+
+@patch
+def _load(self: DisaggRouter, w: Worker, hashes: list[bytes]) -> ReplicaLoad:
+    """A decode worker's load for the routing policy (chapter 58a): the leading blocks of `hashes` its KV events say
+    it caches, and the blocks its requests in flight occupy as the router counts them now (a prefix they share
+    counts once, as in a paged pool) — its reports are a step old, the router's own count is current."""
+    routes = [self.requests[r] for r in w.inflight if r in self.requests]
+    shared = set().union(*(r.hashes for r in routes))
+    own = sum(-(-(len(r.ids) + len(r.tokens)) // self.config.block_size) - len(r.hashes) for r in routes)
+    overlap = next((i for i, h in enumerate(hashes) if h not in w.hashes), len(hashes))
+    return ReplicaLoad(overlap, len(shared) + own, len(w.inflight), w.pool.get("free", 0))
 
 # %% ../../nbs/58_router.ipynb #d048240c
 @patch
@@ -251,6 +262,7 @@ def _handle(self: DisaggRouter, w: Worker, m: dict) -> list[RequestOutput]:
     if m["op"] == "prefill_failed": return self._fallback(m["rid"])
     outs = []
     w.pool = m["pool"]
+    apply_kv_events(w.hashes, w.pool.get("kv_events"))       # what its prefix cache stored and evicted since
     for o in m["outs"]:
         r = self.requests.get(o["rid"])
         if r is None: continue
@@ -325,4 +337,4 @@ def stats(self: DisaggRouter) -> dict:
                 kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks,
                 remote_prefills=self.remote_prefills,
                 local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted,
-                workers={w.name: w.alive for w in self.workers})
+                workers={w.name: w.alive for w in self.workers}) | self.routing.stats()

@@ -164,15 +164,17 @@ def test_generate_cli_with_an_empty_prompt_exits_cleanly(capsys):
     assert "prompt: is empty" in err.out + err.err and "Traceback" not in err.out + err.err
 
 def test_add_prefilled_failure_leaves_engine_as_it_was(llm):
-    "A KV write that fails (a bad transfer) or a refused parameter leaves no request and no block behind."
+    "A KV load that fails (a bad transfer) or a refused parameter leaves no request and no block behind."
+    from inferlab.engine.kv_connector import KVConnector, add_prefilled
     eng, free0 = llm.engine, llm.engine.block_manager.num_free_blocks
     ids = eng.tokenizer.encode("def add(a, b):\n    return a + b\n" * 4)
     seen = []
-    def broken(block_table, fresh):
-        seen.append((len(block_table), fresh)); raise ValueError("kv: transfer broke")
-    with pytest.raises(ValueError, match="transfer broke"): eng.add_prefilled(ids, 7, broken, G)
-    n = -(-len(ids) // eng.config.block_size)
-    assert seen[0][0] == n and seen[0][1] == list(range(n - len(seen[0][1]), n))
+    class Broken(KVConnector):
+        def lookup(self, seq, hashes, start): return [None] * (-(-len(ids) // eng.config.block_size) - start)
+        def load(self, runner, block_ids, staged):
+            seen.append(len(block_ids)); raise ValueError("kv: transfer broke")
+    with pytest.raises(ValueError, match="transfer broke"): add_prefilled(eng, ids, 7, Broken(), G)
+    assert seen == [-(-len(ids) // eng.config.block_size)]            # every block of the prompt was to be written
     with pytest.raises(ValueError, match="logprobs"):
-        eng.add_prefilled(ids, 7, lambda *a: None, SamplingParams(temperature=0, logprobs=2))
+        add_prefilled(eng, ids, 7, Broken(), SamplingParams(temperature=0, logprobs=2))
     _clean(llm, free0)

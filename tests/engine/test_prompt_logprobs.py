@@ -2,6 +2,7 @@
 on the same checkpoint, with chunked prefill, a warm prefix cache, preemption, speculation and requests that ask for
 nothing beside them; no KV block leaks; a path that cannot give them refuses by name."""
 import pytest
+from inferlab.engine.kv_connector import KVConnector, add_prefilled
 import torch
 import transformers
 from inferlab.model.config import shipped_model_path, data_dir
@@ -141,8 +142,11 @@ def test_speculation_gives_the_same_prompt_logprobs(model, tok, prompts, truth, 
     assert max_error(spec, prompts[2:], truth[2:]) < 1e-4
     eng.check_idle()
 
+class NoWork(KVConnector):
+    def lookup(self, seq, hashes, start): pytest.fail("no work may start")
+
 def test_prefilled_elsewhere_refuses_by_name(model, prompts):
     eng = LLMEngine(model, None, EngineConfig(num_kv_blocks=32))
     with pytest.raises(ValueError, match="^prompt_logprobs: .*prefilled elsewhere"):
-        eng.add_prefilled(prompts[3], 7, lambda table, fresh: pytest.fail("no work may start"), SCORE)
+        add_prefilled(eng, prompts[3], 7, NoWork(), SCORE)
     assert not eng.requests and eng.block_manager.num_free_blocks == 32 and not eng.has_unfinished()
