@@ -160,7 +160,9 @@ def _worker(args) -> int:
     if args.threads: torch.set_num_threads(args.threads)               # workers sharing a host split its cores
     kw = engine_kwargs(args)
     if args.role == "prefill": kw["speculative_config"] = None         # a prefill makes one token: nothing to speculate
-    run_worker(build_engine(args.model, **kw), args.role, args.name, args.router, bytes.fromhex(key))
+    engine = build_engine(args.model, **kw)
+    try: run_worker(engine, args.role, args.name, args.router, bytes.fromhex(key))
+    finally: engine.shutdown()                                         # a disk tier flushes its blocks (16c)
     return 0
 
 # %% ../nbs/08_cli.ipynb #6a7c446c

@@ -100,26 +100,42 @@ def run_worker(engine: LLMEngine, role: str, name: str, address: str, authkey: b
 
 # %% ../../nbs/57_disagg.ipynb #70b07bfd
 def decode_loop(engine: LLMEngine, conn):
-    sent = {}
+    sent, waiting = {}, []              # waiting: KV that arrived while the pool had no room for it, oldest first
     while True:
-        timeout = 0 if engine.has_unfinished() else 0.05
+        timeout = 0 if engine.has_unfinished() or waiting else 0.05
         replies = []
         while conn.poll(timeout):
             m, timeout = recv(conn), 0
             if m["op"] == "stop": return
             try:
                 if m["op"] == "add": engine.add_request(m["prompt"], SamplingParams(**m["params"]), m["rid"])
-                elif m["op"] == "adopt":
-                    t0 = time.perf_counter()
-                    adopt(engine, read_payload(m["shm"], m["meta"]), SamplingParams(**m["params"]), m["rid"])
-                    replies.append(dict(rid=m["rid"], adopted=time.perf_counter() - t0))
-                elif m["op"] == "abort": engine.abort(m["rid"])
-            except Exception as e:
-                replies.append(dict(rid=m["rid"], tokens=[], new_text="", text="", finished=True, reason="error",
-                                    error=str(e)))
+                elif m["op"] == "adopt": waiting.append((m, read_payload(m["shm"], m["meta"])))   # segment freed now
+                elif m["op"] == "abort":
+                    waiting[:] = [w for w in waiting if w[0]["rid"] != m["rid"]]; engine.abort(m["rid"])
+            except Exception as e: replies.append(_failed(m["rid"], e))
+        replies += _adopt_waiting(engine, waiting)
         outs = engine.step() if engine.has_unfinished() else []
         if outs or replies: send(conn, dict(op="out", outs=[_out(o, sent) for o in outs] + replies, pool=_pool(engine)))
 
+def _failed(rid: str, e: Exception) -> dict:
+    return dict(rid=rid, tokens=[], new_text="", text="", finished=True, reason="error", error=str(e))
+
+def _adopt_waiting(engine: LLMEngine, waiting: list) -> list[dict]:
+    """Adopt waiting payloads, oldest first, while the pool has room: a KV that arrives at a full decode worker waits
+    for running requests to finish instead of failing. One that could never fit fails (the engine says why)."""
+    replies, bm = [], engine.block_manager
+    while waiting:
+        m, payload = waiting[0]
+        if bm.blocks_needed(len(payload.prompt_token_ids)) > bm.num_free_blocks and engine.has_unfinished(): break
+        waiting.pop(0)
+        t0 = time.perf_counter()
+        try:
+            adopt(engine, payload, SamplingParams(**m["params"]), m["rid"])
+            replies.append(dict(rid=m["rid"], adopted=time.perf_counter() - t0))
+        except Exception as e: replies.append(_failed(m["rid"], e))
+    return replies
+
+# %% ../../nbs/57_disagg.ipynb #8ffa39eb
 def prefill_loop(engine: LLMEngine, conn):
     leases = []                                                   # (segment, created): unlinked by the adopter
     while True:

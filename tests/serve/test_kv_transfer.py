@@ -49,3 +49,21 @@ def test_a_payload_that_does_not_fit_is_refused(engines):
         assert de.block_manager.num_free_blocks == free and not de.requests and not de.scheduler.running
     with pytest.raises(ValueError, match="logprobs"): adopt(de, p, SamplingParams(logprobs=2))
     assert not de.has_unfinished()
+
+def test_kv_arriving_at_a_full_decode_worker_waits_for_room(engines):
+    "A decode worker whose pool is busy keeps an arriving payload until running requests free blocks, then adopts it."
+    from inferlab.serve.disagg import _adopt_waiting
+    pe, _ = engines
+    de = build_engine("tiny-dense", dtype="float32", num_kv_blocks=12)
+    prompt = list(range(1, 120))                                            # 8 blocks: both do not fit at once
+    [payload] = prefill(pe, [prompt], GREEDY)
+    busy = de.add_request(list(range(200, 300)), SamplingParams(max_tokens=20, temperature=0))
+    de.step()                                                               # the neighbour holds 8 of 12 blocks
+    waiting = [(dict(rid="late", params=GREEDY.__dict__), payload)]
+    assert _adopt_waiting(de, waiting) == [] and len(waiting) == 1          # no room yet: it waits, no error
+    done = {}
+    while de.has_unfinished():
+        done |= {o.request_id: o for o in de.step() if o.finished}
+        if busy in done and waiting: replies = _adopt_waiting(de, waiting)
+    assert not waiting and "adopted" in replies[0] and done["late"].token_ids == run_ref([prompt])[0].token_ids
+    de.check_idle()
