@@ -3,11 +3,9 @@
    was evicted, throughput, and whether the tokens are the same.
 2. A warm restart of `inferlab serve` over one disk-tier directory: TTFT of the first long shared-prefix request on
    the restarted server against a cold one (an empty directory), and the disk hits its /metrics show."""
-import os, re, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import re, signal, subprocess, sys, tempfile, time, urllib.request
 import torch
-
-def free_port() -> int:
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+from inferlab.parallel.collectives import free_port
 
 def start(directory: str, port: int):
     cmd = [sys.executable, "-m", "inferlab.cli", "serve", "--port", str(port), "--dtype", "float32",

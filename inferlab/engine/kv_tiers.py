@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as st_save, load as st_load
 from .block_manager import KVEvent
+from .kv_memory import kv_block_bytes
 from fastcore.basics import patch
 from .kv_connector import KVConnector
 
@@ -302,17 +303,13 @@ def offloading_connector(config, model, runner) -> OffloadingConnector | None:
     if getattr(runner, "parallel", None) is not None or not hasattr(runner, "read_kv"):
         raise ValueError(f"kv_offloading_size: the tiers copy blocks out of this process's pool, and "
                          f"{type(runner).__name__} keeps them on other ranks")
-    empty, scales = runner.read_kv([])                                  # [L, 2, 0, bs, hkv, d]: the block's shape
-    block_bytes = _block_bytes(empty)
+    scales = runner.read_kv([])[1]
+    block_bytes = kv_block_bytes(model.config, config.block_size, config.kv_cache_dtype or model.dtype)
     host = HostTier(int(config.kv_offloading_size * 2**30)) if config.kv_offloading_size else None
     disk = None if not config.kv_offloading_dir else DiskTier(
         config.kv_offloading_dir, int(config.kv_offloading_disk_size * 2**30),
         model_identity(model, config.kv_cache_dtype, config.block_size, scales))
     return OffloadingConnector(host, disk, config.block_size, block_bytes)
-
-def _block_bytes(empty: torch.Tensor) -> int:
-    L, two, _, bs, h, d = empty.shape
-    return L * two * bs * h * d * empty.element_size()
 
 # %% ../../nbs/16c_kv_tiers.ipynb #22978757
 def chat_workload(tokenizer, num_conversations: int = 12, num_turns: int = 5, context_tokens: int = 512,
