@@ -115,7 +115,8 @@ def _generate(args) -> int:
 
 # %% ../nbs/08_cli.ipynb #891abfe9
 def _disaggregated(args):
-    "The router over prefill/decode worker processes (serve/router.py) for `--disaggregation xPyD`."
+    "The router over prefill/decode worker processes (serve/router.py) for `--disaggregation xPyD` or `remote`."
+    import os
     from inferlab.engine.llm_engine import EngineConfig
     from inferlab.serve.router import DisaggRouter, parse_disaggregation
     p, d = parse_disaggregation(args.disaggregation)
@@ -125,12 +126,22 @@ def _disaggregated(args):
         if v > 1:
             raise ValueError(f"{flag}: {v} with --disaggregation {args.disaggregation}: a worker's KV would be split "
                                    "over its ranks, and moving it needs a gather over them that is not built here")
+    listen = p + d == 0 or args.worker_port                  # workers from other hosts may register
+    key = os.environ.get("INFERLAB_AUTHKEY")
+    if listen and key is None:
+        raise ValueError("INFERLAB_AUTHKEY: set it (hex, e.g. `openssl rand -hex 16`) to the same value for the "
+                         "router and every `inferlab worker` that registers with it")
+    if listen and args.host != "127.0.0.1" and args.worker_port == 0:
+        raise ValueError("--worker-port: give one when workers register from other hosts")
     return DisaggRouter(args.model, p, d, worker_args=engine_argv(args), router_mode=kw["router_mode"],
-                        kv_overlap_score_weight=kw["kv_overlap_score_weight"],
+                        kv_overlap_score_weight=kw["kv_overlap_score_weight"], worker_host=args.host,
+                        worker_port=args.worker_port, authkey=bytes.fromhex(key) if listen else None,
+                        kv_transport=args.kv_transport,
                         max_local_prefill_length=args.max_local_prefill_length,
                         max_prefill_queue=args.max_prefill_queue,
                         **{f.name: kw[f.name] for f in dataclasses.fields(EngineConfig)})
 
+# %% ../nbs/08_cli.ipynb #7c0e5244
 def _serve(args) -> int:
     from pathlib import Path
     from inferlab.llm import build_engine
@@ -146,22 +157,26 @@ def _serve(args) -> int:
     name = app.state.inferlab.model_name
     print(f"inferlab serve: {name} at http://{args.host}:{args.port}/v1 (max_model_len {engine.max_model_len}, "
           f"{engine.stats()['num_blocks']} KV blocks)", file=sys.stderr, flush=True)
+    if args.disaggregation: print(f"inferlab serve: workers register at {engine.registry.address}", file=sys.stderr)
     # the engine loop runs here, on the thread that loaded it
     try: return serve(app, args.host, args.port, args.log_level)
     finally: engine.shutdown()                                     # a parallel engine's workers go with it
 
 def _worker(args) -> int:
     "`inferlab worker`: one disaggregation worker, its engine built with every engine flag (chapters 57-58)."
-    import os, torch
+    import os, signal, socket, torch
     from inferlab.llm import build_engine
     from inferlab.serve.disagg import run_worker
     key = os.environ.pop("INFERLAB_AUTHKEY", None)
-    if key is None: raise ValueError("INFERLAB_AUTHKEY: not set (the router passes its key to the workers it starts)")
+    if key is None: raise ValueError("INFERLAB_AUTHKEY: not set (the router's key: the router passes it to the workers "
+                                     "it starts; set it to the router's value for one you start)")
     if args.threads: torch.set_num_threads(args.threads)               # workers sharing a host split its cores
     kw = engine_kwargs(args)
     if args.role == "prefill": kw["speculative_config"] = None         # a prefill makes one token: nothing to speculate
     engine = build_engine(args.model, **kw)
-    try: run_worker(engine, args.role, args.name, args.router, bytes.fromhex(key))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))             # a stopped worker says goodbye (57)
+    name = args.name or f"inferlab-{args.role}-{socket.gethostname()}-{os.getpid()}"
+    try: run_worker(engine, args.role, name, args.router, bytes.fromhex(key), args.host, args.reconnect_timeout)
     finally: engine.shutdown()                                         # a disk tier flushes its blocks (16c)
     return 0
 
@@ -180,8 +195,14 @@ def _add_serve_and_worker(sub):
     s.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja2 chat template replacing the checkpoint's")
     s.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
-    s.add_argument("--disaggregation", default=None, metavar="xPyD",
-                   help="x prefill and y decode worker processes behind the API (e.g. 1P1D; chapters 55-58)")
+    s.add_argument("--disaggregation", default=None, metavar="xPyD|remote",
+                   help="x prefill and y decode worker processes behind the API (e.g. 1P1D; chapters 55-58); "
+                   "remote: none here, workers register from anywhere (`inferlab worker --router`)")
+    s.add_argument("--worker-port", type=int, default=0,
+                   help="with --disaggregation: the port on --host where workers register (default: any free one, "
+                   "and for xPyD only this host's workers)")
+    s.add_argument("--kv-transport", default="auto", choices=("auto", "shm", "tcp"),
+                   help="with --disaggregation: how KV moves; auto: shared memory within a machine, TCP between")
     s.add_argument("--max-local-prefill-length", type=int, default=1000,
                    help="with --disaggregation: prompts with more uncached tokens prefill remotely (default 1000)")
     s.add_argument("--max-prefill-queue", type=int, default=2,
@@ -190,8 +211,13 @@ def _add_serve_and_worker(sub):
     s.set_defaults(func=_serve)
     w = sub.add_parser("worker", help="a disaggregation worker: builds its engine and serves a router (chapters 57-58)")
     w.add_argument("--role", required=True, choices=("prefill", "decode"))
-    w.add_argument("--name", required=True, help="inferlab-<role>-<index>: the router's name for it")
-    w.add_argument("--router", required=True, metavar="HOST:PORT", help="the router's address")
+    w.add_argument("--name", default=None,
+                   help="the router's name for it (default inferlab-<role>-<hostname>-<pid>)")
+    w.add_argument("--router", required=True, metavar="HOST:PORT", help="the router's worker address")
+    w.add_argument("--host", default="127.0.0.1",
+                   help="address it connects from and its KV server listens on (default 127.0.0.1)")
+    w.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="when the router goes away, register again for this long (default 300; 0: exit with it)")
     w.add_argument("--threads", type=int, default=None, help="CPU threads of this worker's torch (default: torch's)")
     add_engine_args(w)
     w.set_defaults(func=_worker)

@@ -6,14 +6,15 @@ Docs: https://inferlab.github.io/inferlab/tune.html.md"""
 
 # %% ../../nbs/77_tune.ipynb #1c30d69b
 from __future__ import annotations
-import json, math
+import contextlib, json, math, os, sys, threading, time
 import numpy as np
 from .frontier import FRONTIER_AXES
 from .sweep import (VARIANTS, FACTORIAL, PARALLEL, config_key, default_grid, factorial_grid, goodput)
 
 # %% auto #0
 __all__ = ['DEFAULT_CONFIG', 'to_minimize', 'hypervolume', 'Normalizer', 'tune', 'runs_to_reach', 'joint_config', 'replay',
-           'with_slo', 'tune_report', 'tune_main']
+           'with_slo', 'tune_report', 'tune_main', 'open_storage', 'open_study', 'study_rows', 'study_counts', 'claim',
+           'run_workers']
 
 # %% ../../nbs/77_tune.ipynb #75d2520b
 def to_minimize(rows: list[dict], maximize=FRONTIER_AXES["maximize"], minimize=FRONTIER_AXES["minimize"]) -> np.ndarray:
@@ -51,31 +52,49 @@ class Normalizer:
     def hv(self, rows: list[dict]) -> float: return hypervolume(self(rows), np.full(len(self.lo), 1.1)) if rows else 0.0
 
 # %% ../../nbs/77_tune.ipynb #3519d121
+def _directions(axes: dict) -> list[str]:
+    "optuna's directions for `axes`: the maximized objectives first."
+    return ["maximize"] * len(axes["maximize"]) + ["minimize"] * len(axes["minimize"])
+
 def tune(evaluate, runs: int = 24, seed: int = 0, batch_sizes=(4, 16, 64), population_size: int = 8,
-         max_trials: int = 500, axes: dict | None = None, space: str = "variants") -> list[dict]:
+         max_trials: int = 500, axes: dict | None = None, space: str = "variants", storage=None,
+         study_name: str = "tune", poll: float = 0.2, wait_timeout: float = 3600.0) -> list[dict]:
     """NSGA-II over (max_num_seqs, variant) of the sweep's grid — or, `space="factorial"`, over the joint space of
     chapter 76's factorial axes, each suggested on its own; `evaluate(config) -> row` measures one (a sweep row);
     `axes` = dict(maximize=..., minimize=...), default chapter 72's three.
     A configuration proposed twice is measured once, and the budget is `runs` distinct measurements (the search
-    stops there, or after `max_trials` proposals). Returns the rows in the order they were first measured."""
+    stops there, or after `max_trials` proposals). Returns the rows in the order they were first measured.
+    `storage` (a URL for `open_storage`, or an optuna storage): the study `study_name` lives there and other
+    processes extend it too; `runs` and "measured once" then hold for the whole study (`claim`, the last section)."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     grid = {(c["max_num_seqs"], i % len(VARIANTS)): c for i, c in enumerate(default_grid(batch_sizes))}
     axes = axes or FRONTIER_AXES
+    values = lambda r: tuple(float(r[a]) for a in axes["maximize"]) + tuple(float(r[a]) for a in axes["minimize"])
     seen: dict[str, dict] = {}
+    sigint = dict(inside=False, interrupted=False)
     def objective(trial):
         b = trial.suggest_categorical("max_num_seqs", list(batch_sizes))
         c = grid[(b, trial.suggest_categorical("variant", list(range(len(VARIANTS)))))] if space == "variants" else \
             joint_config(trial, b)
         k = config_key(c)
+        if storage is not None:
+            return _inside(sigint, lambda: claim(trial, k, lambda: evaluate(c), values, runs, poll, wait_timeout))
         if k not in seen: seen[k] = evaluate(c)
-        r = seen[k]
-        return tuple(float(r[a]) for a in axes["maximize"]) + tuple(float(r[a]) for a in axes["minimize"])
-    study = optuna.create_study(directions=["maximize"] * len(axes["maximize"]) + ["minimize"] * len(axes["minimize"]),
-                                sampler=optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed))
-    stop = lambda study, trial: study.stop() if len(seen) >= runs else None
-    study.optimize(objective, n_trials=max_trials, callbacks=[stop])
-    return list(seen.values())
+        return values(seen[k])
+    if storage is None:
+        study = optuna.create_study(directions=_directions(axes),
+                                    sampler=optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed))
+        stop = lambda study, trial: study.stop() if len(seen) >= runs else None
+    else:                   # another proposal sequence per process (and thread): the seed plus the thread's id
+        sampler = optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed + threading.get_native_id())
+        study = open_study(storage, study_name, axes, sampler)
+        stop = lambda study, trial: study.stop() if _claimed(study.get_trials(deepcopy=False), True) >= runs else None
+    with contextlib.nullcontext() if storage is None else _sigint_inside_trials(sigint):
+        study.optimize(objective, n_trials=max_trials, callbacks=[stop])
+    if storage is None: return list(seen.values())
+    _settle(study, poll, wait_timeout)                      # the other processes' last measurements
+    return study_rows(study)
 
 def runs_to_reach(rows_in_order: list[dict], norm: Normalizer, target: float) -> int | None:
     "How many measured configurations the search needed before its hypervolume reached `target` (None: never)."
@@ -130,7 +149,8 @@ def _tune_parser():
     ap = argparse.ArgumentParser(prog="inferlab tune",
                                  description="Search the engine's configurations (optuna NSGA-II).")
     ap.add_argument("--runs", type=int, default=24,
-                    help="distinct configurations to measure (default 24: half the grid)")
+                    help="distinct configurations to measure (default 24: half the grid); with --storage, in the "
+                         "whole study")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", default=None,
                     help="a sweep's JSON lines: look configurations up instead of running them")
@@ -152,45 +172,229 @@ def _tune_parser():
                     help="variants: the default grid's one-knob variants; factorial: the joint space of parallelism x "
                          "quantization x KV dtype x speculation (chapter 76's factorial axes)")
     ap.add_argument("--batch-sizes", default="4,16,64", help="max_num_seqs values to search, comma-separated")
+    ap.add_argument("--storage", default=None,
+                    help="a study shared by processes and machines: an RDB URL (sqlite:///tune.db) or journal:PATH")
+    ap.add_argument("--study", default=None, help="the shared study's name (default: tune)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="run N tune processes on one study (--storage's, or a journal in a temporary directory)")
     return ap
+
+def _bad_flags(a, axes: dict) -> str | None:
+    "What is wrong with `inferlab tune`'s flags, naming the flag (None: nothing)."
+    if a.runs < 1: return "--runs: must be >= 1"
+    if not 2 <= len(axes["maximize"]) + len(axes["minimize"]) <= 3:
+        return "--maximize/--minimize: two or three objectives in all"
+    if (a.slo_ttft_ms is None) != (a.slo_tpot_ms is None): return "--slo-ttft-ms and --slo-tpot-ms go together"
+    if a.workers is not None and a.workers < 1: return f"--workers: must be >= 1, got {a.workers}"
+    if a.study is not None and a.storage is None and a.workers is None: return "--study: needs --storage or --workers"
+    return None
 
 # %% ../../nbs/77_tune.ipynb #47baf364
 def tune_main(argv: list[str] | None = None, make_engine=None) -> int:
-    "`inferlab tune`: NSGA-II over the sweep's grid, measured live or replayed from a sweep's rows."
-    import sys
+    """`inferlab tune`: NSGA-II over the sweep's grid, measured live or replayed from a sweep's rows; with `--storage`
+    or `--workers`, one study that several processes extend (the last section)."""
     from inferlab.frontier.frontier import read_rows
     from inferlab.frontier.sweep import evaluator
     a = _tune_parser().parse_args(argv)
     split = lambda s: tuple(x for x in s.split(",") if x)
     axes = dict(maximize=split(a.maximize), minimize=split(a.minimize))
-    if a.runs < 1: print("inferlab tune: error: --runs: must be >= 1", file=sys.stderr); return 2
-    if not 2 <= len(axes["maximize"]) + len(axes["minimize"]) <= 3:
-        print("inferlab tune: error: --maximize/--minimize: two or three objectives in all", file=sys.stderr); return 2
-    if (a.slo_ttft_ms is None) != (a.slo_tpot_ms is None):
-        print("inferlab tune: error: --slo-ttft-ms and --slo-tpot-ms go together", file=sys.stderr); return 2
+    if err := _bad_flags(a, axes): print(f"inferlab tune: error: {err}", file=sys.stderr); return 2
+    a.study = a.study or "tune"
     slo = None if a.slo_ttft_ms is None else (a.slo_ttft_ms / 1e3, a.slo_tpot_ms / 1e3)
     rescore = (lambda rows: with_slo(rows, *slo)) if slo else (lambda rows: rows)
+    counts, failed = None, []
     try:
         grid_rows = rescore(read_rows(a.grid or a.replay)) if (a.grid or a.replay) else None
-        if a.replay: evaluate = replay(grid_rows if not a.grid else rescore(read_rows(a.replay)))
-        else: evaluate = evaluator(make_engine, a.num_prompts, slo=slo or (1.0, 0.05), request_rate=a.request_rate)
         for k in (*axes["maximize"], *axes["minimize"]):
             if grid_rows and k not in grid_rows[0]: raise ValueError(f"objective {k!r}: not a field of the rows")
         sizes = tuple(int(v) for v in a.batch_sizes.split(","))
-        found = tune(evaluate, a.runs, a.seed, sizes, axes=axes, space=a.space)
+        shared = open_study(a.storage, a.study, axes) if a.storage else None      # a bad --storage fails here
+        if a.workers:
+            try: found, counts, failed = run_workers(a, axes)
+            except KeyboardInterrupt:
+                print("inferlab tune: interrupted: the workers are stopped", file=sys.stderr); return 130
+        else:
+            if a.replay: evaluate = replay(grid_rows if not a.grid else rescore(read_rows(a.replay)))
+            else: evaluate = evaluator(make_engine, a.num_prompts, slo=slo or (1.0, 0.05), request_rate=a.request_rate)
+            found = tune(evaluate, a.runs, a.seed, sizes, axes=axes, space=a.space, storage=a.storage,
+                         study_name=a.study)
+            if shared: counts = study_counts(shared)
     except (ValueError, FileNotFoundError) as e:
         print(f"inferlab tune: error: {e}", file=sys.stderr); return 2
+    for line in failed: print(f"inferlab tune: error: {line}", file=sys.stderr)
+    if counts:
+        print(f"study {a.study!r}: {counts['trials']} trials: {counts['measured']} measured, {counts['repeats']} "
+              f"repeats of a measured configuration, {counts['over_budget']} over the budget, "
+              f"{counts['failed']} failed")
     if a.out:
         with open(a.out, "w") as f: f.writelines(json.dumps(r) + "\n" for r in found)
     print(f"{len(found)} configurations measured")
-    if grid_rows:
-        rep = tune_report(found, grid_rows, axes=axes)
-        print(f"hypervolume ({a.maximize} up, {a.minimize} down): {rep['hv_fraction']:.1%} of the grid's "
-              f"({rep['grid_runs']} runs); 95% after {rep['runs_to_target']} runs")
-        slo_text = f" under TTFT <= {a.slo_ttft_ms:g} ms, TPOT <= {a.slo_tpot_ms:g} ms" if slo else ""
-        g = f"{rep['best_goodput']:.2f} req/s{slo_text} ({json.dumps(rep['best_config'], sort_keys=True)})"
-        d = rep["default_goodput"]
-        ratio = "" if d is None else (f"; default configuration {d:.2f} req/s"
-                                      + (f" ({rep['best_goodput'] / d:.2f}x)" if d > 0 else ""))
-        print(f"best goodput {g}{ratio}")
-    return 0
+    if grid_rows and found: _print_report(tune_report(found, grid_rows, axes=axes), a, slo)
+    return 1 if failed else 0
+
+def _print_report(rep: dict, a, slo) -> None:
+    "`inferlab tune`'s report of the search against the grid."
+    print(f"hypervolume ({a.maximize} up, {a.minimize} down): {rep['hv_fraction']:.1%} of the grid's "
+          f"({rep['grid_runs']} runs); 95% after {rep['runs_to_target']} runs")
+    slo_text = f" under TTFT <= {a.slo_ttft_ms:g} ms, TPOT <= {a.slo_tpot_ms:g} ms" if slo else ""
+    g = f"{rep['best_goodput']:.2f} req/s{slo_text} ({json.dumps(rep['best_config'], sort_keys=True)})"
+    d = rep["default_goodput"]
+    ratio = "" if d is None else (f"; default configuration {d:.2f} req/s"
+                                  + (f" ({rep['best_goodput'] / d:.2f}x)" if d > 0 else ""))
+    print(f"best goodput {g}{ratio}")
+
+# %% ../../nbs/77_tune.ipynb #697d8b35
+def open_storage(url: str):
+    """optuna's storage for `--storage`: an RDB URL (`sqlite:///tune.db`, `postgresql://host/db`) or `journal:PATH`,
+    a log file that processes on one file system append to under a lock."""
+    import optuna, sqlalchemy.exc
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+        if not url[len("journal:"):]: raise ValueError("--storage: journal: needs a file, e.g. journal:tune.journal")
+        return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal:"):]))
+    if "://" not in url: raise ValueError(f"--storage {url!r}: an RDB URL (sqlite:///tune.db) or journal:PATH")
+    kw = dict(connect_args={"timeout": 30}) if url.startswith("sqlite") else {}   # wait out other writers' locks
+    for attempt in range(10):
+        try: return optuna.storages.RDBStorage(url, engine_kwargs=kw)
+        except (sqlalchemy.exc.ArgumentError, ImportError) as e:
+            raise ValueError(f"--storage {url!r}: {e}") from None                     # an unknown scheme or driver
+        except sqlalchemy.exc.DBAPIError as e:            # processes creating the tables at once: one wins, retry
+            if attempt == 9: raise ValueError(f"--storage {url!r}: {e.orig}") from None
+            time.sleep(0.1 * (attempt + 1))
+
+def open_study(storage, name: str, axes: dict | None = None, sampler=None):
+    "The study `name` in `storage` (a URL or an optuna storage), created by whichever process comes first."
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(storage) if isinstance(storage, str) else storage
+    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True, sampler=sampler,
+                               directions=_directions(axes or FRONTIER_AXES))
+
+def study_rows(study) -> list[dict]:
+    "The rows the study's trials measured, in trial order (each measuring trial keeps its row as user attr `row`)."
+    return [t.user_attrs["row"] for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
+
+def study_counts(study) -> dict:
+    "The study's trials: how many measured, repeated a measured configuration, fell over the budget, failed."
+    ts = study.get_trials(deepcopy=False)
+    n = lambda f: sum(bool(f(t)) for t in ts)
+    return dict(trials=len(ts), measured=n(lambda t: t.user_attrs.get("measured")),
+                repeats=n(lambda t: "repeat_of" in t.user_attrs),
+                over_budget=n(lambda t: t.user_attrs.get("decision") == "over budget"),
+                failed=n(lambda t: t.state.name == "FAIL"))
+
+# %% ../../nbs/77_tune.ipynb #c731bc82
+def claim(trial, key: str, measure, values, runs: int | None = None, poll: float = 0.2, timeout: float = 3600.0):
+    """The objective values of configuration `key` for `trial` of a study other processes share. `measure()` (-> a
+    row, kept as the trial's user attr `row`) runs only if no other trial of the study measures `key`; otherwise the
+    values of the trial that did are reused (`repeat_of`). `values(row)` -> the objective values. With `runs`, a trial
+    that would be the study's `runs + 1`-th measurement is pruned instead (decision "over budget")."""
+    import optuna
+    live = lambda t: t.state.name not in ("FAIL", "PRUNED")
+    decision = lambda t: t.user_attrs.get("decision")
+    trial.set_user_attr("config_key", key)                         # written before any read of the others
+    mine, deadline = None, time.monotonic() + timeout
+    while True:
+        ts = [t for t in trial.study.get_trials(deepcopy=False)
+              if t.number != trial.number and t.user_attrs.get("config_key") == key and live(t)]
+        done = next((t for t in ts if t.state.name == "COMPLETE"), None)
+        if done is not None:                                       # measured (or reused) already: reuse
+            trial.set_user_attr("repeat_of", done.number)
+            return tuple(done.values)
+        if any(t.number < trial.number or decision(t) == "measure" for t in ts):
+            if mine != "defer": trial.set_user_attr("decision", mine := "defer")    # wait for it to complete
+        elif mine is not None:                                     # what it waited on failed: claim anew
+            trial.set_user_attr("decision", mine := None); continue
+        elif all(decision(t) is not None for t in ts): break       # no one lower, no one measuring: measure
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trial {trial.number}: configuration {key} still claimed by trials "
+                               f"{[t.number for t in ts]} after {timeout:g} s (did their process stop?)")
+        time.sleep(poll)
+    trial.set_user_attr("decision", "measure")
+    if runs is not None and _claimed(trial.study.get_trials(deepcopy=False)) > runs:   # the last of runs + 1 sees all
+        trial.set_user_attr("decision", "over budget")             # the budget was spent meanwhile
+        raise optuna.TrialPruned(f"the study's {runs} measurements are claimed")
+    trial.set_user_attr("in_budget", True)                         # final: at most `runs` trials get this far
+    row = measure()
+    trial.set_user_attr("row", row)
+    trial.set_user_attr("measured", True)
+    return values(row)
+
+def _settle(study, poll: float, timeout: float) -> None:
+    "Wait (at most `timeout` s) until no trial of the study is measuring: a process stops once the budget is claimed."
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _claimed(study.get_trials(deepcopy=False), True) > len(study_rows(study)):
+        time.sleep(poll)
+
+def _claimed(trials, in_budget: bool = False) -> int:
+    "How many of `trials` (not failed) decided \"measure\" (measured or measuring), or, `in_budget`, passed the count."
+    return sum(bool(t.user_attrs.get("in_budget") if in_budget else t.user_attrs.get("decision") == "measure")
+               and t.state.name not in ("FAIL", "PRUNED") for t in trials)
+
+# %% ../../nbs/77_tune.ipynb #7b3cf516
+def _inside(sigint: dict, work):
+    "`work()` as a trial's: a SIGINT now raises, and so does one held since the last trial (optuna fails the trial)."
+    sigint["inside"] = True
+    try:
+        if sigint["interrupted"]: raise KeyboardInterrupt("interrupted between trials")
+        return work()
+    finally: sigint["inside"] = False
+
+@contextlib.contextmanager
+def _sigint_inside_trials(sigint: dict):
+    """SIGINT raises inside a trial and is held until the next one between trials (main thread only): cut short in
+    optuna's own writes, a trial would stay RUNNING in the study, a claim no one completes."""
+    import signal
+    def on(signum, frame):
+        sigint["interrupted"] = True
+        if sigint["inside"]: raise KeyboardInterrupt
+    old = signal.signal(signal.SIGINT, on) if threading.current_thread() is threading.main_thread() else None
+    try: yield
+    finally:
+        if old is not None: signal.signal(signal.SIGINT, old)
+    if sigint["interrupted"]: raise KeyboardInterrupt
+
+# %% ../../nbs/77_tune.ipynb #cb540d6d
+def _worker_argv(a) -> list[str]:
+    "The flags of `a` that differ from their defaults, for a worker (less --workers, --out, --storage, --study)."
+    acts = [x for x in _tune_parser()._actions if x.option_strings and x.dest not in ("help", "workers", "out",
+            "storage", "study") and getattr(a, x.dest) not in (None, x.default)]
+    return [s for x in acts for s in (x.option_strings[0], str(getattr(a, x.dest)))]
+
+def _interrupted(signum, frame): raise KeyboardInterrupt(f"signal {signum}")
+
+def run_workers(a, axes: dict) -> tuple[list[dict], dict, list[str]]:
+    """`inferlab tune --workers N`: N processes `python -m inferlab.cli tune ... --storage S --study NAME` extend one
+    study (`a.storage`, or a journal file in a temporary directory) and this one waits for them. Returns the study's
+    rows, its counts, and a line for each worker that failed. Interrupted (Ctrl-C, SIGTERM), it stops the workers
+    (their running trials marked failed, so that a later run on the same study does not wait for them)."""
+    import signal, subprocess, tempfile
+    from pathlib import Path
+    import inferlab
+    with tempfile.TemporaryDirectory(prefix="inferlab-tune-") as tmp:
+        storage = a.storage or f"journal:{tmp}/tune.journal"
+        if not a.storage: print(f"no --storage: the {a.workers} workers share {storage} (removed at the end)")
+        study = open_study(storage, a.study, axes)             # created here, before the workers race to create it
+        cmd = [sys.executable, "-m", "inferlab.cli", "tune", *_worker_argv(a), "--storage", storage, "--study", a.study]
+        pkg = str(Path(inferlab.__file__).resolve().parents[1])         # this inferlab, whatever the workers' cwd
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (pkg, os.environ.get("PYTHONPATH"))))}
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, _interrupted) if main else None
+        log, procs = lambda i: Path(tmp) / f"worker{i}.err", []
+        try:
+            for i in range(a.workers):                      # own sessions: a Ctrl-C reaches them through here, once
+                with open(log(i), "w") as err:
+                    procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                                  start_new_session=True))
+            codes = [p.wait() for p in procs]
+        finally:            # interrupted: SIGINT, which optuna turns into the running trial's FAIL, then a kill
+            for p in procs:
+                if p.poll() is None: p.send_signal(signal.SIGINT)
+            for p in procs:
+                try: p.wait(timeout=10)
+                except subprocess.TimeoutExpired: p.kill(); p.wait()
+            if main: signal.signal(signal.SIGTERM, old)
+        last = lambda i: (log(i).read_text().strip().splitlines() or ["(nothing on stderr)"])[-1]
+        failed = [f"worker {i} (pid {p.pid}) exited with code {rc}: {last(i)}"
+                  for i, (p, rc) in enumerate(zip(procs, codes)) if rc]
+        return study_rows(study), study_counts(study), failed

@@ -7,22 +7,22 @@ Docs: https://inferlab.github.io/inferlab/disagg.html.md"""
 # %% ../../nbs/57_disagg.ipynb #5f1d1545
 from __future__ import annotations
 import ctypes, dataclasses, json, os, socket, time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import resource_tracker, shared_memory
-from multiprocessing.connection import Client
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 import torch
 from ..model.sampling import SamplingParams
 from ..engine.interface import Engine, RequestOutput
 from ..engine.llm_engine import LLMEngine
 from .kv_transfer import KVPayload, PayloadCollector, adopt, payload_collector, _DTYPES
+from .kv_net import LEASE_S, KVServer, fetch_payload, machine_id
 from ..engine.kv_connector import enable_kv_events, take_kv_events
 
 # %% auto #0
-__all__ = ['LEASE_S', 'send', 'no_delay', 'recv', 'params_dict', 'write_payload', 'read_payload', 'run_worker', 'decode_loop',
-           'prefill_loop']
+__all__ = ['HEARTBEAT_S', 'send', 'no_delay', 'recv', 'connect', 'params_dict', 'write_payload', 'read_payload', 'hello',
+           'run_worker', 'decode_loop', 'prefill_loop']
 
 # %% ../../nbs/57_disagg.ipynb #37e7cdbc
-LEASE_S = 30.0                          # a KV segment nobody adopted is unlinked after this (vLLM's NIXL lease)
-
 def send(conn, msg: dict): conn.send_bytes(json.dumps(msg).encode())
 
 def no_delay(conn):
@@ -34,6 +34,18 @@ def no_delay(conn):
     finally: s.close()
     return conn
 def recv(conn) -> dict: return json.loads(conn.recv_bytes())
+
+def connect(address: str, authkey: bytes, source_host: str | None = None, timeout: float = 10.0):
+    """An authenticated connection to the router at HOST:PORT from `source_host` (a worker's `--host`): what
+    `multiprocessing.connection.Client` does — HMAC challenges both ways — plus a source address, which it cannot
+    set."""
+    host, port = address.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout, None if source_host is None else (source_host, 0))
+    s.settimeout(None)
+    conn = Connection(s.detach())
+    try: answer_challenge(conn, authkey); deliver_challenge(conn, authkey)
+    except BaseException: conn.close(); raise
+    return no_delay(conn)
 
 def params_dict(p: SamplingParams) -> dict: return dataclasses.asdict(p)
 
@@ -64,15 +76,20 @@ def read_payload(name: str, meta: dict) -> KVPayload:
     return KVPayload(kv, scales, meta["prompt_token_ids"], meta["first_token"])
 
 # %% ../../nbs/57_disagg.ipynb #714ba0cd
+HEARTBEAT_S = 1.0          # a worker that has sent nothing for this long says it is alive (with its load)
+
 def _set_process_name(name: str):
     try: ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)      # PR_SET_NAME: what ps -e shows
     except Exception: pass
 
-def _pool(engine: Engine) -> dict:
+def _pool(engine: Engine, snapshot: bool = False) -> dict:
     """A worker's load figures for the router (chapter 15c's `stats()`), and the hashes its pool stored and removed
-    since the last report (chapter 16b's KV events: the router's prefix index, chapter 58a)."""
+    since the last report (chapter 16b's KV events: the router's prefix index, chapter 58a) — or, `snapshot`, every
+    hash it holds now, for a router that has no index of it yet (a worker registering, perhaps again)."""
     s = engine.stats()
     events = take_kv_events(engine) if getattr(engine, "kv_event_log", None) is not None else None
+    if events is not None and snapshot:
+        events = dict(stored=[h.hex() for h in engine.block_manager.cached], removed=[])
     return dict(free=s["free_blocks"], blocks=s["num_blocks"], query=s["prefix_query_tokens"],
                 hits=s["prefix_hit_tokens"], running=s["num_running"], waiting=s["num_waiting"],
                 drafts=s.get("num_draft_tokens", 0), accepted=s.get("num_accepted_tokens", 0)) | (
@@ -85,84 +102,176 @@ def _out(o: RequestOutput, sent: dict) -> dict:
     return dict(rid=o.request_id, tokens=o.token_ids[n:], new_text=o.new_text, text=o.text if o.finished else None,
                 finished=o.finished, reason=o.finish_reason, error=None if o.error is None else str(o.error))
 
-def run_worker(engine: LLMEngine, role: str, name: str, address: str, authkey: bytes):
+def hello(engine: LLMEngine, role: str, name: str, kv_server: KVServer | None) -> dict:
+    "What a worker tells the router when it registers: who it is, where, what it serves, its pool."
+    cfg = engine.model_config
+    return dict(op="ready", name=name, role=role, machine=machine_id(), pid=os.getpid(),
+                kv_address=None if kv_server is None else kv_server.address,
+                model=dict(vocab_size=cfg.vocab_size, layers=cfg.num_hidden_layers, block_size=engine.config.block_size,
+                           kv_cache_dtype=engine.config.kv_cache_dtype), pool=_pool(engine, snapshot=True))
+
+# %% ../../nbs/57_disagg.ipynb #822b9d6b
+def run_worker(engine: LLMEngine, role: str, name: str, address: str, authkey: bytes, host: str | None = None,
+               reconnect_s: float = 0.0):
     """A disaggregation worker's life (`inferlab worker`, chapter 08, builds `engine` with every engine flag): connect
-    to the router at `address`, say it is ready, then loop until the router stops it or goes away."""
+    from `host` to the router at `address`, register, serve until the router says stop. When the router goes away,
+    a worker with `reconnect_s` > 0 ends what it was doing and registers again as soon as a router listens at
+    `address` (for up to `reconnect_s` seconds); one started by its router (`reconnect_s` 0) exits with it."""
     if role not in ("prefill", "decode"): raise ValueError(f"--role: expected prefill or decode, got {role!r}")
     _set_process_name(name)
-    host, port = address.rsplit(":", 1)
-    conn = no_delay(Client((host, int(port)), authkey=authkey))
-    if role == "prefill": engine.add_kv_connector(PayloadCollector())   # its finished prompts leave their KV blocks
+    kv_server = None
+    if role == "prefill":
+        engine.add_kv_connector(PayloadCollector())               # its finished prompts leave their KV blocks
+        kv_server = KVServer(host or "127.0.0.1")                   # ... for decode workers on other hosts
     else: enable_kv_events(engine)                                  # the router's prefix index follows the pool
-    send(conn, dict(op="ready", name=name, pool=_pool(engine)))
-    try: (prefill_loop if role == "prefill" else decode_loop)(engine, conn)
-    except (EOFError, ConnectionError): pass                       # the router is gone: so are we
+    try:
+        while (conn := _register(engine, role, name, address, authkey, host, kv_server, reconnect_s)) is not None:
+            try:
+                if (prefill_loop(engine, conn, kv_server) if role == "prefill" else
+                        decode_loop(engine, conn, host)) == "stop": return
+            except (EOFError, OSError): pass                       # the router is gone
+            except (KeyboardInterrupt, SystemExit):                 # stopped here (SIGTERM): a clean departure
+                _say(conn, dict(op="bye")); raise
+            finally: conn.close()
+            _abort_all(engine)                                      # nobody is waiting for those any more
+            if reconnect_s <= 0: return
+    finally:
+        if kv_server is not None: kv_server.close()
+
+def _register(engine, role, name, address, authkey, host, kv_server, reconnect_s):
+    "Connect and say hello, retrying for `reconnect_s` seconds while nothing listens; None when that runs out."
+    deadline = time.monotonic() + reconnect_s
+    while True:
+        try: conn = connect(address, authkey, host); break
+        except OSError:                                             # refused, unreachable: not up (yet, again)
+            if time.monotonic() >= deadline:
+                if reconnect_s <= 0: raise
+                return None
+            time.sleep(0.2)
+    send(conn, hello(engine, role, name, kv_server))
+    return conn
+
+def _say(conn, msg: dict):
+    try: send(conn, msg)
+    except OSError: pass
+
+def _abort_all(engine: LLMEngine):
+    "End every request the engine holds and run the step that frees their blocks."
+    for rid, seq in list(engine.requests.items()):
+        if not seq.is_finished: engine.abort(rid)
+    while engine.has_unfinished(): engine.step()
 
 # %% ../../nbs/57_disagg.ipynb #70b07bfd
-def decode_loop(engine: LLMEngine, conn):
-    sent, waiting = {}, []              # waiting: KV that arrived while the pool had no room for it, oldest first
-    while True:
-        timeout = 0 if engine.has_unfinished() or waiting else 0.05
-        replies = []
-        while conn.poll(timeout):
-            m, timeout = recv(conn), 0
-            if m["op"] == "stop": return
-            try:
-                if m["op"] == "add": engine.add_request(m["prompt"], SamplingParams(**m["params"]), m["rid"])
-                elif m["op"] == "adopt": waiting.append((m, read_payload(m["shm"], m["meta"])))   # segment freed now
-                elif m["op"] == "abort":
-                    waiting[:] = [w for w in waiting if w[0]["rid"] != m["rid"]]; engine.abort(m["rid"])
-            except Exception as e: replies.append(_failed(m["rid"], e))
-        replies += _adopt_waiting(engine, waiting)
-        outs = engine.step() if engine.has_unfinished() else []
-        if outs or replies: send(conn, dict(op="out", outs=[_out(o, sent) for o in outs] + replies, pool=_pool(engine)))
+def decode_loop(engine: LLMEngine, conn, host: str | None = None) -> str:
+    """Serve the router until it says stop (returns "stop"). KV arrives by shared memory (read at once) or by the
+    network (pulled on a thread, so running requests keep decoding meanwhile); either way it waits in `waiting`,
+    oldest first, until the pool has room for it."""
+    sent, waiting, fetching = {}, [], {}       # waiting: (message, payload, seconds it took); fetching: rid -> pulls
+    pulls, last = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch"), time.monotonic()
+    try:
+        while True:
+            busy = engine.has_unfinished() or waiting
+            timeout, replies = 0 if busy else 0.005 if fetching else 0.05, []
+            while conn.poll(timeout):
+                m, timeout = recv(conn), 0
+                if m["op"] in ("stop", "refused"): return _stop(m)
+                try: _take(engine, m, waiting, fetching, pulls, host, replies)
+                except Exception as e: replies.append(_failed(m["rid"], e))
+            replies += _fetched(engine, fetching, waiting) + _adopt_waiting(engine, waiting)
+            outs = engine.step() if engine.has_unfinished() else []
+            if outs or replies or time.monotonic() - last > HEARTBEAT_S:      # no news for a second: a heartbeat
+                send(conn, dict(op="out", outs=[_out(o, sent) for o in outs] + replies, pool=_pool(engine)))
+                last = time.monotonic()
+    finally: pulls.shutdown(wait=False, cancel_futures=True)
+
+def _take(engine, m, waiting, fetching, pulls, host, replies):
+    "One message from the router: a prompt to run, a KV to adopt (here, or to pull from `address`), an abort."
+    if m["op"] == "add": engine.add_request(m["prompt"], SamplingParams(**m["params"]), m["rid"])
+    elif m["op"] == "adopt" and m.get("address"):
+        fetching[m["rid"]] = (m, pulls.submit(fetch_payload, m["address"], m["token"], host), time.perf_counter())
+    elif m["op"] == "adopt":
+        t0 = time.perf_counter()
+        try: waiting.append((m, read_payload(m["shm"], m["meta"]), time.perf_counter() - t0))   # segment freed now
+        except OSError as e: replies.append(_recompute(engine, m, e))          # gone (its lease ran out)
+    elif m["op"] == "abort":
+        waiting[:] = [w for w in waiting if w[0]["rid"] != m["rid"]]
+        fetching.pop(m["rid"], None); engine.abort(m["rid"])
+
+def _stop(m: dict) -> str:
+    "The router says stop — or refuses this worker (another model, block size, KV dtype): then it exits, saying why."
+    if m["op"] == "refused": raise RuntimeError(f"the router refused this worker: {m['error']}")
+    return "stop"
 
 def _failed(rid: str, e: Exception) -> dict:
     return dict(rid=rid, tokens=[], new_text="", text="", finished=True, reason="error", error=str(e))
+
+def _recompute(engine: LLMEngine, m: dict, e: Exception) -> dict:
+    "A KV that could not be read (cut short, damaged, gone): prefill the prompt here instead — slower, same tokens."
+    try: engine.add_request(m["prompt"], SamplingParams(**m["params"]), m["rid"])
+    except Exception as e2: return _failed(m["rid"], e2)
+    return dict(rid=m["rid"], kv_failed=str(e))
+
+# %% ../../nbs/57_disagg.ipynb #6390b67a
+def _fetched(engine: LLMEngine, fetching: dict, waiting: list) -> list[dict]:
+    "Network pulls that ended: their payloads join `waiting`; a pull that failed becomes a local prefill."
+    replies = []
+    for rid, (m, pull, t0) in list(fetching.items()):
+        if not pull.done(): continue
+        del fetching[rid]
+        try: waiting.append((m, pull.result(), time.perf_counter() - t0))
+        except Exception as e: replies.append(_recompute(engine, m, e))
+    return replies
 
 def _adopt_waiting(engine: LLMEngine, waiting: list) -> list[dict]:
     """Adopt waiting payloads, oldest first, while the pool has room: a KV that arrives at a full decode worker waits
     for running requests to finish instead of failing. One that could never fit fails (the engine says why)."""
     replies, bm = [], engine.block_manager
     while waiting:
-        m, payload = waiting[0]
+        m, payload, moved = waiting[0]
         if bm.blocks_needed(len(payload.prompt_token_ids)) > bm.num_free_blocks and engine.has_unfinished(): break
         waiting.pop(0)
         t0 = time.perf_counter()
         try:
             adopt(engine, payload, SamplingParams(**m["params"]), m["rid"])
-            replies.append(dict(rid=m["rid"], adopted=time.perf_counter() - t0))
+            replies.append(dict(rid=m["rid"], adopted=moved + time.perf_counter() - t0))
         except Exception as e: replies.append(_failed(m["rid"], e))
     return replies
 
 # %% ../../nbs/57_disagg.ipynb #8ffa39eb
-def prefill_loop(engine: LLMEngine, conn):
-    leases = []                                                   # (segment, created): unlinked by the adopter
+def prefill_loop(engine: LLMEngine, conn, kv_server: KVServer | None = None) -> str:
+    """Serve the router until it says stop (returns "stop"): prefill each prompt, then hand its KV over the way the
+    router asked — a shared-memory segment, or held in `kv_server` for the decode worker to pull."""
+    leases, transport, last = [], {}, time.monotonic()          # leases: (segment, created): unlinked by the adopter
     while True:
         timeout = 0 if engine.has_unfinished() else 0.05
         while conn.poll(timeout):
             m, timeout = recv(conn), 0
-            if m["op"] == "stop": return
+            if m["op"] in ("stop", "refused"): return _stop(m)
             if m["op"] == "prefill":
                 p = SamplingParams(**{**m["params"], "max_tokens": 1, "stop": [], "stop_token_ids": [],
-                                      "min_tokens": min(m["params"].get("min_tokens", 0), 1),
-                                      "ignore_eos": True,
+                                      "min_tokens": min(m["params"].get("min_tokens", 0), 1), "ignore_eos": True,
                                       "logprobs": None})
-                try: engine.add_request(m["prompt"], p, m["rid"])
+                try: engine.add_request(m["prompt"], p, m["rid"]); transport[m["rid"]] = m.get("transport", "shm")
                 except Exception as e: send(conn, dict(op="prefill_failed", rid=m["rid"], error=str(e)))
         msgs = []
-        if engine.has_unfinished():
-            for o in engine.step():
-                if not o.finished: continue
-                pl = payload_collector(engine).payloads.pop(o.request_id, None)
-                if pl is None: msgs.append(dict(op="prefill_failed", rid=o.request_id, error=str(o.error))); continue
+        for o in engine.step() if engine.has_unfinished() else []:
+            if not o.finished: continue
+            pl, how = payload_collector(engine).payloads.pop(o.request_id, None), transport.pop(o.request_id, "shm")
+            if pl is None: msgs.append(dict(op="prefill_failed", rid=o.request_id, error=str(o.error))); continue
+            kv = dict(op="kv", rid=o.request_id, blocks=pl.kv.shape[2], nbytes=pl.nbytes)
+            if how == "tcp" and kv_server is not None: kv |= dict(address=kv_server.address, token=kv_server.put(pl))
+            else:
                 name, meta = write_payload(pl)
-                leases.append((name, time.monotonic()))
-                msgs.append(dict(op="kv", rid=o.request_id, shm=name, meta=meta, blocks=pl.kv.shape[2],
-                                 nbytes=pl.nbytes))
-        for msg in msgs: send(conn, msg)
-        now = time.monotonic()
-        while leases and now - leases[0][1] > LEASE_S:               # nobody adopted it: reclaim the memory
-            name, _ = leases.pop(0)
-            try: s = shared_memory.SharedMemory(name=name); s.close(); s.unlink()
-            except FileNotFoundError: pass
+                leases.append((name, time.monotonic())); kv |= dict(shm=name, meta=meta)
+            msgs.append(kv)
+        if not msgs and time.monotonic() - last > HEARTBEAT_S: msgs.append(dict(op="heartbeat"))
+        for msg in msgs: send(conn, msg); last = time.monotonic()
+        _reclaim(leases)
+
+def _reclaim(leases: list):
+    "Unlink the segments nobody adopted within their lease (the memory would stay allocated until reboot)."
+    now = time.monotonic()
+    while leases and now - leases[0][1] > LEASE_S:
+        name, _ = leases.pop(0)
+        try: s = shared_memory.SharedMemory(name=name); s.close(); s.unlink()
+        except FileNotFoundError: pass

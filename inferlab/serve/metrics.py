@@ -22,11 +22,12 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.0
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                960.0, 1920.0, 7680.0)
 
-# %% ../../nbs/52_metrics.ipynb #48755292
+# %% ../../nbs/52_metrics.ipynb #c7e0e108
 OFFLOAD_SERIES = dict(hits="Blocks found in the KV tier", misses="Blocks looked up in the KV tier and not found",
                       loaded_bytes="KV bytes loaded from the tier", saved_bytes="KV bytes saved to the tier",
                       load_seconds="Seconds spent loading KV from the tier", save_seconds="Seconds spent saving KV")
 
+# %% ../../nbs/52_metrics.ipynb #48755292
 class ServerMetrics:
     "Prometheus series for one served model; `observe_step(engine, outputs)` after each engine step."
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
@@ -55,7 +56,8 @@ class ServerMetrics:
         # disaggregation (chapter 58): the KV the router moved, and each role's queue
         self.kv_bytes, self.kv_blocks = c("kv_transfer_bytes",
                 "KV-cache bytes moved prefill -> decode"), c("kv_transfer_blocks", "KV blocks moved")
-        self.kv_seconds = h("kv_transfer_seconds", "Time for a decode worker to adopt one request's KV", TOKEN_BUCKETS)
+        self.kv_seconds = h("kv_transfer_seconds", "Time for a decode worker to receive and adopt one request's KV",
+                            TOKEN_BUCKETS)
         self._queue = Gauge(PREFIX + "num_requests_in_flight", "Requests in flight per worker role", lab + ["role"],
                             registry=r)
         self._moved = (0, 0)
@@ -72,6 +74,17 @@ class ServerMetrics:
             ("queries", "Prompt tokens a router routed"), ("hits", "Prompt tokens cached on the replica it chose"))}
         self._offload = {k: Counter(PREFIX + f"kv_offload_{k}", d, lab + ["tier"], registry=r)
                          for k, d in OFFLOAD_SERIES.items()}
+        # the router's registry of workers (chapter 57a): who is there, who came, who went and why
+        self._workers = Gauge(PREFIX + "disagg_workers", "Workers registered and alive, per role", lab + ["role"],
+                              registry=r)
+        self._joins = Counter(PREFIX + "disagg_worker_registrations", "Worker registrations (re-registrations too)",
+                              lab, registry=r)
+        self._leaves = Counter(PREFIX + "disagg_worker_departures", "Workers gone: left, died, silent, replaced",
+                               lab + ["reason"], registry=r)
+        self._kv_transfers = Counter(PREFIX + "kv_transfers", "Requests whose KV moved, per transport (shm, tcp)",
+                                     lab + ["transport"], registry=r)
+        self._kv_fallbacks = Counter(PREFIX + "kv_transfer_fallbacks", "Remote prefills or KV transfers that failed: "
+                                     "the decode worker prefilled instead", lab, registry=r)
 
 # %% ../../nbs/52_metrics.ipynb #509ea54a
 @patch
@@ -87,6 +100,7 @@ def observe_step(self: ServerMetrics, engine, outputs):
     if "num_draft_tokens" in s: self._observe_speculation(s)
     if "router_prefix_query_tokens" in s: self._observe_router(s)
     if any(k.startswith("kv_offload_") for k in s): self._observe_offload(s)
+    if "worker_registrations" in s: self._observe_workers(s)
     for out in outputs: self._observe_output(out, now)
 
 @patch
@@ -160,6 +174,17 @@ def _observe_offload(self: ServerMetrics, s: dict):
         for k, counter in self._offload.items():
             if (v := s.get(f"kv_offload_{tier}_{k}")) is not None:
                 self._grow(counter.labels(self.model_name, tier), f"offload_{tier}_{k}", v)
+
+@patch
+def _observe_workers(self: ServerMetrics, s: dict):
+    "A disaggregation router's registry: workers alive per role, registrations, departures by reason, fallbacks."
+    for role in ("prefill", "decode"): self._workers.labels(self.model_name, role).set(s[f"workers_{role}"])
+    self._grow(self._joins.labels(self.model_name), "joins", s["worker_registrations"])
+    for why, n in s["worker_departures"].items():
+        self._grow(self._leaves.labels(self.model_name, why), ("left", why), n)
+    self._grow(self._kv_fallbacks.labels(self.model_name), "kv_fallbacks", s.get("fallbacks"))
+    for how, n in s.get("kv_transfers", {}).items():
+        self._grow(self._kv_transfers.labels(self.model_name, how), ("moved", how), n)
 
 # %% ../../nbs/52_metrics.ipynb #6e3ae820
 def histogram_quantile(q: float, hist) -> float:

@@ -6,9 +6,9 @@ Docs: https://inferlab.github.io/inferlab/router.html.md"""
 
 # %% ../../nbs/58_router.ipynb #8506fd26
 from __future__ import annotations
-import os, re, secrets, subprocess, sys, threading, time, weakref
+import re, time, weakref
 from dataclasses import dataclass, field
-from multiprocessing.connection import Listener, wait
+from multiprocessing.connection import wait
 from fastcore.basics import patch
 from ..model.config import load_config, resolve_model_path
 from ..model.generate import check_prompt
@@ -17,19 +17,22 @@ from ..engine.interface import Engine, RequestOutput, RequestMetrics
 from ..engine.llm_engine import EngineConfig
 from ..engine.sequence import as_params
 from ..engine.block_manager import chain_hashes
-from .disagg import send, recv, params_dict, no_delay
+from .async_engine import QueueFull
+from .disagg import HEARTBEAT_S, send, recv, params_dict
+from .kv_net import choose_transport
 from .kv_routing import ReplicaLoad, RoutingPolicy, apply_kv_events
+from .registry import Worker, WorkerRegistry
 
 # %% auto #0
-__all__ = ['parse_disaggregation', 'remote_prefill', 'Worker', 'Route', 'worker_command', 'start_workers', 'DisaggRouter',
-           'stop_workers']
+__all__ = ['parse_disaggregation', 'remote_prefill', 'Route', 'NoDecodeWorker', 'DisaggRouter']
 
 # %% ../../nbs/58_router.ipynb #c2080000
 def parse_disaggregation(spec: str) -> tuple[int, int]:
-    "`'1P1D'` → (1, 1), `'1P2D'` → (1, 2); a `ValueError` naming `--disaggregation` otherwise."
+    "`'1P1D'` → (1, 1), `'1P2D'` → (1, 2), `'remote'` → (0, 0): no local workers; a `ValueError` otherwise."
+    if isinstance(spec, str) and spec.strip().lower() == "remote": return 0, 0
     m = re.fullmatch(r"(\d+)P(\d+)D", spec.strip().upper()) if isinstance(spec, str) else None
     if not m or int(m.group(2)) < 1:
-        raise ValueError(f"--disaggregation: expected xPyD with y >= 1 (e.g. 1P1D, 1P2D), got {spec!r}")
+        raise ValueError(f"--disaggregation: expected xPyD with y >= 1 (e.g. 1P1D, 1P2D) or remote, got {spec!r}")
     return int(m.group(1)), int(m.group(2))
 
 def remote_prefill(uncached: int, prefill_queue: int, max_local_prefill_length: int = 1000,
@@ -38,19 +41,6 @@ def remote_prefill(uncached: int, prefill_queue: int, max_local_prefill_length: 
     return uncached > max_local_prefill_length and prefill_queue < max_prefill_queue
 
 # %% ../../nbs/58_router.ipynb #da6ec772
-@dataclass
-class Worker:
-    name: str
-    proc: subprocess.Popen
-    conn: object = None
-    pool: dict = field(default_factory=dict)
-    inflight: set = field(default_factory=set)
-    hashes: set = field(default_factory=set)          # block hashes it reports caching (its KV events; decode)
-    alive: bool = True
-
-    @property
-    def role(self) -> str: return self.name.split("-")[1]
-
 @dataclass
 class Route:
     "One request's journey: where it prefills and decodes, what has come back."
@@ -65,71 +55,39 @@ class Route:
     first_token: float | None = None
     tokens: list = field(default_factory=list)
     text: str = ""
-    kv_transfer_time: float | None = None             # the decode worker's adoption of the KV, when it moved
+    kv_transfer_time: float | None = None             # the decode worker's pull and adoption of the KV, when it moved
 
-def worker_command(name: str, port: int, threads: int, worker_args: list[str]) -> list[str]:
-    "How a worker starts: `inferlab worker` (chapter 08) with its role and name, and every engine flag of the server."
-    role = name.split("-")[1]
-    return [sys.executable, "-m", "inferlab.cli", "worker", "--role", role, "--name", name,
-            "--router", f"127.0.0.1:{port}", "--threads", str(threads)] + list(worker_args)
-
-# %% ../../nbs/58_router.ipynb #bf8d9311
-def start_workers(num_prefill: int, num_decode: int, worker_args: list[str] = (), timeout_s: float = 180.0,
-                  threads: int | None = None) -> tuple[list[Worker], Listener]:
-    """Spawn the worker processes and wait until each has built its engine. On one host they split its cores:
-    `threads` each (default: cores // workers, at least 1), so that a prefill does not take the decode worker's
-    cores (oversubscribed OpenMP threads slow every step)."""
-    threads = threads or max(1, (os.cpu_count() or 1) // (num_prefill + num_decode))
-    key = secrets.token_bytes(16)
-    listener = Listener(("127.0.0.1", 0), authkey=key)
-    names = [f"inferlab-prefill-{i}" for i in range(num_prefill)] + [f"inferlab-decode-{i}" for i in range(num_decode)]
-    env = {**os.environ, "INFERLAB_AUTHKEY": key.hex()}
-    workers = {n: Worker(n, subprocess.Popen(worker_command(n, listener.address[1], threads, worker_args), env=env))
-               for n in names}
-    conns: list = []
-    acceptor = threading.Thread(target=lambda: [conns.append(no_delay(listener.accept())) for _ in names], daemon=True)
-    acceptor.start()
-    deadline, pending, waiting = time.monotonic() + timeout_s, dict(workers), []
-    try:
-        while pending:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"--disaggregation: {sorted(pending)} did not start in {timeout_s:.0f} s")
-            dead = [w for w in pending.values() if w.proc.poll() is not None]
-            if dead:
-                raise RuntimeError(f"--disaggregation: {dead[0].name} exited with code {dead[0].proc.returncode} while "
-                                   "starting")
-            while conns: waiting.append(conns.pop())
-            for conn in [c for c in waiting if c.poll(0)]:
-                hello = recv(conn); waiting.remove(conn)
-                w = pending.pop(hello["name"]); w.conn, w.pool = conn, hello["pool"]
-                apply_kv_events(w.hashes, w.pool.get("kv_events"))          # a restarted pool may hold blocks
-            time.sleep(0.05)
-    except BaseException:
-        for w in workers.values():
-            if w.proc.poll() is None: w.proc.kill()
-            w.proc.wait()
-        listener.close(); raise
-    return list(workers.values()), listener
+class NoDecodeWorker(QueueFull):
+    "No decode worker is registered and alive: the server answers 503 (come back later) rather than 500."
 
 # %% ../../nbs/58_router.ipynb #3819cfc5
 class DisaggRouter(Engine):
-    """The front end's engine for `--disaggregation xPyD`: an `Engine` (chapter 15c) whose model runs in prefill and
-    decode worker processes. `worker_args`: the engine flags every worker is started with (chapter 08); `router_mode`
-    and `kv_overlap_score_weight`: how the decode worker of a request is chosen (chapter 58a)."""
+    """The front end's engine for `--disaggregation xPyD` or `remote`: an `Engine` (chapter 15c) whose model runs in
+    prefill and decode worker processes — `num_prefill` + `num_decode` it starts on this host with `worker_args` (the
+    engine flags, chapter 08), and any that register at `worker_host:worker_port` with `authkey` (chapter 57a).
+    `router_mode`, `kv_overlap_score_weight`: how a request's decode worker is chosen (chapter 58a); `kv_transport`:
+    how KV moves (auto: shared memory within one machine, TCP between machines; chapter 56a)."""
     def __init__(self, model=None, num_prefill: int = 1, num_decode: int = 1, *, worker_args: list[str] = (),
                  max_local_prefill_length: int = 1000, max_prefill_queue: int = 2, router_mode: str = "kv",
-                 kv_overlap_score_weight: float = 1.0, **engine_config):
+                 kv_overlap_score_weight: float = 1.0, worker_host: str = "127.0.0.1", worker_port: int = 0,
+                 authkey: bytes | None = None, kv_transport: str = "auto", **engine_config):
         self.config = EngineConfig(**engine_config)              # checked here, built by every worker
         self.routing = RoutingPolicy(router_mode, kv_overlap_score_weight)   # picks the decode worker (chapter 58a)
+        choose_transport(kv_transport, "", ""); self.kv_transport = kv_transport     # a bad name fails here
         path = resolve_model_path(model)
         cfg = self.model_config = load_config(path)
         self.model_name, self.tokenizer = str(path), load_tokenizer(path)
         self.max_model_len = min(cfg.max_position_embeddings, self.config.max_model_len or cfg.max_position_embeddings)
         self.max_local_prefill_length, self.max_prefill_queue = max_local_prefill_length, max_prefill_queue
-        self.workers, self._listener = start_workers(num_prefill, num_decode, worker_args)
-        self._finalizer = weakref.finalize(self, stop_workers, self.workers, self._listener)
+        expect = dict(vocab_size=cfg.vocab_size, layers=cfg.num_hidden_layers, block_size=self.config.block_size,
+                      kv_cache_dtype=self.config.kv_cache_dtype)
+        self.registry = WorkerRegistry(worker_host, worker_port, authkey, expect)
+        self._finalizer = weakref.finalize(self, self.registry.close)
+        if num_prefill + num_decode: self.registry.start_local(num_prefill, num_decode, worker_args)
+        self.workers = self.registry.workers                      # one list: the registry adds, the router reads
         self.requests: dict[str, Route] = {}
         self._done: list[RequestOutput] = []
+        self._next_check, self.kv_transfers = 0.0, {"shm": 0, "tcp": 0}      # requests whose KV moved, by transport
         self.kv_bytes = self.kv_blocks = self.remote_prefills = self.local_prefills = self.fallbacks = self.rerouted = 0
 
     def _live(self, role: str) -> list[Worker]: return [w for w in self.workers if w.alive and w.role == role]
@@ -141,18 +99,6 @@ class DisaggRouter(Engine):
         except OSError: self._lost(w); return False
 
     def shutdown(self): self._finalizer()     # once; also when the router is collected or the interpreter exits
-
-def stop_workers(workers: list[Worker], listener):
-    "Stop every worker (a stop message, then SIGKILL after 5 s) and close the listener."
-    for w in workers:
-        if w.alive:
-            try: send(w.conn, dict(op="stop"))
-            except OSError: pass
-    for w in workers:
-        try: w.proc.wait(5)
-        except subprocess.TimeoutExpired: w.proc.kill(); w.proc.wait()
-        w.alive = False
-    listener.close()
 
 # %% ../../nbs/58_router.ipynb #ff9727c1
 @patch
@@ -173,7 +119,8 @@ def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None 
     hashes = chain_hashes(ids, bs, (len(ids) - 1) // bs)      # not the last token's block: it must run (chapter 12)
     while True:
         decoders = self._live("decode")
-        if not decoders: raise RuntimeError("disaggregation: no decode worker is alive")
+        if not decoders: raise NoDecodeWorker("disaggregation: no decode worker is alive; start one with `inferlab "
+                                              f"worker --role decode --router {self.registry.address}`")
         loads = [self._load(w, hashes) for w in decoders]
         i = self.routing.choose(loads, len(ids) / bs)
         d, cached = decoders[i], loads[i].overlap_blocks * bs
@@ -183,7 +130,9 @@ def add_request(self: DisaggRouter, prompt, params=None, request_id: str | None 
         if prefillers and params.logprobs is None and remote_prefill(uncached, queue, self.max_local_prefill_length,
                                                                       self.max_prefill_queue):
             route.prefill = min(prefillers, key=lambda w: len(w.inflight))
-            if self._post(route.prefill, dict(op="prefill", rid=rid, prompt=ids, params=params_dict(params))):
+            how = choose_transport(self.kv_transport, route.prefill.machine, d.machine)    # shm or tcp (56a)
+            if self._post(route.prefill, dict(op="prefill", rid=rid, prompt=ids, params=params_dict(params),
+                                              transport=how)):
                 route.prefill.inflight.add(rid); self.remote_prefills += 1
                 break
             route.prefill = None                              # that prefill worker just died: prefill locally
@@ -216,7 +165,10 @@ def abort(self: DisaggRouter, request_id: str) -> bool:
     return True
 
 @patch
-def has_unfinished(self: DisaggRouter) -> bool: return bool(self.requests) or bool(self._done)
+def has_unfinished(self: DisaggRouter) -> bool:
+    "Requests in flight or outputs owed — or news from the registry: a worker to take in, a heartbeat check due."
+    return bool(self.requests) or bool(self._done) or self.registry.has_news() or (
+        time.monotonic() > self._next_check and any(w.alive for w in self.workers))
 
 @patch
 def _finish(self: DisaggRouter, r: Route, reason: str, err=None, text=None) -> RequestOutput:
@@ -239,27 +191,24 @@ def _output(self: DisaggRouter, r: Route, finished: bool, reason, new_text: str,
 # %% ../../nbs/58_router.ipynb #7e196843
 @patch
 def step(self: DisaggRouter) -> list[RequestOutput]:
-    "Wait up to 20 ms for the workers' reports; the outputs of every request that advanced or ended."
+    "Take in new workers, drop gone ones, wait up to 20 ms for the workers' reports; what advanced or ended."
+    self._reap()
     outputs, self._done = self._done, []
     live = {w.conn: w for w in self.workers if w.alive}
     for conn in wait(list(live), timeout=0 if outputs else 0.02):
         w = live[conn]
         try:
-            while w.alive and conn.poll(0): outputs += self._handle(w, recv(conn))
+            while w.alive and conn.poll(0): w.last_seen = time.monotonic(); outputs += self._handle(w, recv(conn))
         except (EOFError, OSError): outputs += self._lost(w)
     outputs += self._done; self._done = []
     return outputs
 
 @patch
 def _handle(self: DisaggRouter, w: Worker, m: dict) -> list[RequestOutput]:
-    if m["op"] == "kv":                                       # a prefill finished: forward its KV
-        r = self.requests.get(m["rid"]); w.inflight.discard(m["rid"])
-        if r is None: return []                               # aborted meanwhile: the lease reclaims the segment
-        self.kv_bytes += m["nbytes"]; self.kv_blocks += m["blocks"]
-        r.prefill = None
-        self._post(r.decode, dict(op="adopt", rid=r.rid, shm=m["shm"], meta=m["meta"], params=params_dict(r.params)))
-        return []
+    if m["op"] == "kv": return self._forward_kv(w, m)
     if m["op"] == "prefill_failed": return self._fallback(m["rid"])
+    if m["op"] == "heartbeat": return []
+    if m["op"] == "bye": return self._lost(w, "left")
     outs = []
     w.pool = m["pool"]
     apply_kv_events(w.hashes, w.pool.get("kv_events"))       # what its prefix cache stored and evicted since
@@ -267,11 +216,24 @@ def _handle(self: DisaggRouter, w: Worker, m: dict) -> list[RequestOutput]:
         r = self.requests.get(o["rid"])
         if r is None: continue
         if "adopted" in o: r.kv_transfer_time = o["adopted"]; continue    # reported with the request's metrics
+        if "kv_failed" in o: self.fallbacks += 1; continue                 # prefilled on the decode worker instead
         if o["tokens"] and r.first_token is None: r.first_token = time.perf_counter()
         r.tokens += o["tokens"]; r.text += o["new_text"]
         if o["finished"]: self._finish(r, o["reason"], o["error"], o["text"])   # delivered through _done
         else: outs.append(self._output(r, False, None, o["new_text"]))
     return outs
+
+@patch
+def _forward_kv(self: DisaggRouter, w: Worker, m: dict) -> list[RequestOutput]:
+    "A prefill finished: tell the decode worker where its KV is (a segment, or an address and token to pull from)."
+    r = self.requests.get(m["rid"]); w.inflight.discard(m["rid"])
+    if r is None: return []                                   # aborted meanwhile: the lease reclaims the KV
+    self.kv_bytes += m["nbytes"]; self.kv_blocks += m["blocks"]
+    self.kv_transfers["tcp" if "address" in m else "shm"] += 1
+    r.prefill = None
+    where = {k: m[k] for k in ("shm", "meta", "address", "token") if k in m}
+    self._post(r.decode, dict(op="adopt", rid=r.rid, prompt=r.ids, params=params_dict(r.params), **where))
+    return []
 
 @patch
 def _fallback(self: DisaggRouter, rid: str) -> list[RequestOutput]:
@@ -286,18 +248,20 @@ def _fallback(self: DisaggRouter, rid: str) -> list[RequestOutput]:
 # %% ../../nbs/58_router.ipynb #aaa8aed4
 @patch
 def _reap(self: DisaggRouter):
-    "Notice a worker that died while the router was idle: no `step` runs then to read its connection's EOF."
-    for w in self.workers:
-        if w.alive and w.proc.poll() is not None: self._lost(w)
+    """Take in workers that registered, and end the ones that are gone though no message said so: a started
+    worker that exited while the router was idle (no `step` read its EOF), a registered one silent too long."""
+    self._next_check = time.monotonic() + HEARTBEAT_S
+    self.registry.admit(lost=self._lost)
+    for w, why in self.registry.gone(): self._lost(w, why)
 
 @patch
-def _lost(self: DisaggRouter, w: Worker) -> list[RequestOutput]:
+def _lost(self: DisaggRouter, w: Worker, why: str = "died") -> list[RequestOutput]:
     if not w.alive: return []
-    w.alive = False
+    self.registry.depart(w, why)
     if w.role == "prefill":
         for rid in list(w.inflight): self._fallback(rid)
         return []
-    err = RuntimeError(f"{w.name} (pid {w.proc.pid}) died; the request was ended")
+    err = RuntimeError(f"{w.describe()} {'left' if why == 'left' else 'died'}; the request was ended")
     for r in [r for r in self.requests.values() if r.decode is w]:
         if r.tokens or not self._reroute(r): self._finish(r, "error", err)
     return []
@@ -320,10 +284,11 @@ def queue_depths(self: DisaggRouter) -> dict:
     return {"prefill": sum(len(w.inflight) for w in self._live("prefill")),
             "decode": sum(len(w.inflight) for w in self._live("decode"))}
 
+# %% ../../nbs/58_router.ipynb #ab43ad60
 @patch
 def stats(self: DisaggRouter) -> dict:
     """Chapter 15c's load figures from the decode workers' last reports (the prefix counters of a worker that died
-    stay counted), the requests in flight per role, and what the router moved and decided."""
+    stay counted), the requests in flight per role, what the router moved and decided, and its registry's table."""
     pools = [w.pool for w in self._live("decode") if w.pool]
     ever = [w.pool for w in self.workers if w.role == "decode" and w.pool]
     started = sum(r.first_token is not None for r in self.requests.values())
@@ -332,9 +297,10 @@ def stats(self: DisaggRouter) -> dict:
                 free_blocks=sum(p["free"] for p in pools), num_blocks=sum(p["blocks"] for p in pools),
                 prefix_query_tokens=sum(p["query"] for p in ever), prefix_hit_tokens=sum(p["hits"] for p in ever),
                 num_in_flight_prefill=q["prefill"], num_in_flight_decode=q["decode"],
-                num_draft_tokens=sum(p.get("drafts", 0) for p in ever), num_accepted_tokens=sum(p.get("accepted",
-                                                                                                      0) for p in ever),
+                num_draft_tokens=sum(p.get("drafts", 0) for p in ever),
+                num_accepted_tokens=sum(p.get("accepted", 0) for p in ever),
                 kv_transfer_bytes=self.kv_bytes, kv_transfer_blocks=self.kv_blocks,
+                kv_transfers=dict(self.kv_transfers),
                 remote_prefills=self.remote_prefills,
                 local_prefills=self.local_prefills, fallbacks=self.fallbacks, rerouted=self.rerouted,
-                workers={w.name: w.alive for w in self.workers}) | self.routing.stats()
+                workers={w.name: w.alive for w in self.workers}) | self.routing.stats() | self.registry.stats()

@@ -1,20 +1,7 @@
 "`inferlab serve --disaggregation`: the aggregated server's greedy text, KV moved for long prompts, survivable worker faults (the router's own fault paths: test_router.py)."
 import concurrent.futures as cf, json, os, signal, time
 import httpx, jsonschema, openai, pytest, torch
-from serve_helpers import serve_process, metric
-
-def prompts(n: int, seed: int = 0) -> list[list[int]]:
-    "Mixed lengths: a third above 160 tokens (remote prefill at --max-local-prefill-length 96), the rest short."
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 4096, (int(torch.randint(161, 400, (1,), generator=g)) if i % 3 == 0 else
-                                     int(torch.randint(2, 90, (1,), generator=g)),), generator=g).tolist() for i in range(n)]
-
-def complete_all(base: str, ps, max_tokens=12, workers=16) -> list:
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-    def one(p):
-        try: return client.completions.create(model="tiny-dense", prompt=p, max_tokens=max_tokens, temperature=0).choices[0].text
-        except openai.APIStatusError as e: return e
-    with cf.ThreadPoolExecutor(workers) as ex: return list(ex.map(one, ps))
+from serve_helpers import serve_process, metric, prompts, complete_all
 
 def worker_pid(server_pid: int, name: str) -> int:
     for d in os.listdir("/proc"):

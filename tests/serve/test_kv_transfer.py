@@ -59,7 +59,7 @@ def test_kv_arriving_at_a_full_decode_worker_waits_for_room(engines):
     [payload] = prefill(pe, [prompt], GREEDY)
     busy = de.add_request(list(range(200, 300)), SamplingParams(max_tokens=20, temperature=0))
     de.step()                                                               # the neighbour holds 8 of 12 blocks
-    waiting = [(dict(rid="late", params=GREEDY.__dict__), payload)]
+    waiting = [(dict(rid="late", params=GREEDY.__dict__), payload, 0.0)]   # (message, payload, seconds it took)
     assert _adopt_waiting(de, waiting) == [] and len(waiting) == 1          # no room yet: it waits, no error
     done = {}
     while de.has_unfinished():

@@ -56,14 +56,17 @@ def _bare_router(mode="kv", num_decode=2):
     from inferlab.model.tokenizer import load_tokenizer
     from inferlab.model.config import load_config, resolve_model_path
     from inferlab.serve.kv_routing import RoutingPolicy
-    from inferlab.serve.router import Worker
+    from inferlab.serve.registry import Worker, WorkerRegistry
     r = DisaggRouter.__new__(DisaggRouter)
+    r.registry, r.kv_transport, r._next_check = WorkerRegistry(), "auto", 0.0   # a door nobody comes through
     r.config, r.routing, r.requests, r._done = EngineConfig(), RoutingPolicy(mode), {}, []
     r.model_config, r.tokenizer = load_config(resolve_model_path("tiny-dense")), load_tokenizer("tiny-dense")
     r.max_model_len, r.max_local_prefill_length, r.max_prefill_queue = 2048, 1000, 2
     r.kv_bytes = r.kv_blocks = r.remote_prefills = r.local_prefills = r.fallbacks = r.rerouted = 0
-    r.workers = [Worker(f"inferlab-decode-{i}", _Proc(), _Conn(), pool=_report(events=False)["pool"])
-                 for i in range(num_decode)]
+    r.kv_transfers = {"shm": 0, "tcp": 0}
+    r.workers = r.registry.workers
+    r.workers += [Worker(f"inferlab-decode-{i}", _Proc(), _Conn(), pool=_report(events=False)["pool"])
+                  for i in range(num_decode)]
     return r
 
 def _report(stored=(), removed=(), events=True):
