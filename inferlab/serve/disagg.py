@@ -241,7 +241,12 @@ def _adopt_waiting(engine: LLMEngine, waiting: list) -> list[dict]:
 def prefill_loop(engine: LLMEngine, conn, kv_server: KVServer | None = None) -> str:
     """Serve the router until it says stop (returns "stop"): prefill each prompt, then hand its KV over the way the
     router asked — a shared-memory segment, or held in `kv_server` for the decode worker to pull."""
-    leases, transport, last = [], {}, time.monotonic()          # leases: (segment, created): unlinked by the adopter
+    leases = []                                                   # (segment, created): unlinked by the adopter
+    try: return _prefill_serve(engine, conn, kv_server, leases)
+    finally: _reclaim(leases, 0.0)          # stopped, or the router is gone: no one will adopt what is left
+
+def _prefill_serve(engine: LLMEngine, conn, kv_server: KVServer | None, leases: list) -> str:
+    transport, last = {}, time.monotonic()
     while True:
         timeout = 0 if engine.has_unfinished() else 0.05
         while conn.poll(timeout):
@@ -268,10 +273,10 @@ def prefill_loop(engine: LLMEngine, conn, kv_server: KVServer | None = None) -> 
         for msg in msgs: send(conn, msg); last = time.monotonic()
         _reclaim(leases)
 
-def _reclaim(leases: list):
-    "Unlink the segments nobody adopted within their lease (the memory would stay allocated until reboot)."
+def _reclaim(leases: list, lease_s: float = LEASE_S):
+    "Unlink the segments nobody adopted within `lease_s` (the memory would stay allocated until reboot)."
     now = time.monotonic()
-    while leases and now - leases[0][1] > LEASE_S:
+    while leases and now - leases[0][1] >= lease_s:
         name, _ = leases.pop(0)
         try: s = shared_memory.SharedMemory(name=name); s.close(); s.unlink()
         except FileNotFoundError: pass

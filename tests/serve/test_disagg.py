@@ -30,7 +30,9 @@ def test_1p1d_equals_aggregated_and_moves_long_prompts():
         assert worker_pid(proc.pid, "inferlab-prefill-0") and worker_pid(proc.pid, "inferlab-decode-0")
         got = complete_all(base, ps)
         moved, blocks = metric(base, "inferlab:kv_transfer_bytes_total"), metric(base, "inferlab:kv_transfer_blocks_total")
+        by = {t: metric(base, "inferlab:kv_transfers_total", transport=t) for t in ("shm", "tcp")}
     assert all(isinstance(t, str) for t in want + got)
+    assert by == {"shm": 34, "tcp": 0}                  # --kv-transport auto: workers of one machine share memory
     assert sum(a == b for a, b in zip(got, want)) == 100
     long_blocks = sum(-(-len(p) // 16) for i, p in enumerate(ps) if i % 3 == 0)
     assert blocks == long_blocks and moved == blocks * 16 * 6 * 2 * 4 * 32 * 4     # fp32: layers × K/V × heads × dim

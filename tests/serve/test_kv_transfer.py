@@ -67,3 +67,21 @@ def test_kv_arriving_at_a_full_decode_worker_waits_for_room(engines):
         if busy in done and waiting: replies = _adopt_waiting(de, waiting)
     assert not waiting and "adopted" in replies[0] and done["late"].token_ids == run_ref([prompt])[0].token_ids
     de.check_idle()
+
+def test_a_prefill_worker_that_loses_its_router_unlinks_the_kv_nobody_adopted(engines):
+    "Segments are reclaimed after their lease while the worker runs, and at once when its router goes away."
+    import threading
+    from multiprocessing import Pipe, shared_memory
+    from inferlab.serve.disagg import params_dict, prefill_loop, recv, send
+    pe, _ = engines
+    router_end, worker_end = Pipe()
+    def serve():
+        try: prefill_loop(pe, worker_end)
+        except (EOFError, OSError): pass                                       # the router is gone
+    t = threading.Thread(target=serve); t.start()
+    send(router_end, dict(op="prefill", rid="r", prompt=list(range(1, 40)), params=params_dict(GREEDY)))
+    kv = recv(router_end)
+    shared_memory.SharedMemory(name=kv["shm"]).close()                         # there, waiting for an adopter
+    router_end.close(); t.join(10)
+    assert not t.is_alive()
+    with pytest.raises(FileNotFoundError): shared_memory.SharedMemory(name=kv["shm"])

@@ -71,7 +71,10 @@ def test_workers_on_two_more_hosts_give_the_aggregated_text(want):
         moved, blocks = metric(base, "inferlab:kv_transfer_bytes_total"), metric(base, "inferlab:kv_transfer_blocks_total")
         tcp, shm = (metric(base, "inferlab:kv_transfers_total", transport=t) for t in ("tcp", "shm"))
         timed = metric(base, "inferlab:kv_transfer_seconds_count")
+        seconds = metric(base, "inferlab:kv_transfer_seconds_sum")
         fallbacks = metric(base, "inferlab:kv_transfer_fallbacks_total")
+    print(f"{sum(a == b for a, b in zip(got, want))}/{len(PS)} texts equal; KV moved over TCP for {tcp:.0f} requests: "
+          f"{moved:.0f} bytes in {blocks:.0f} blocks, {seconds / timed * 1e3:.1f} ms each to pull and adopt")
     assert got == want
     assert blocks == sum(-(-len(p) // 16) for p in LONG) and moved == blocks * 16 * 6 * 2 * 4 * 32 * 4   # fp32
     assert (tcp, shm, timed, fallbacks) == (len(LONG), 0, len(LONG), 0)

@@ -141,3 +141,17 @@ def test_a_shared_prefix_follows_the_decode_workers_kv_events():
         assert s["prefix_hit_tokens"] == 96                                     # the worker did reuse them
     finally:
         router.shutdown()
+
+def test_a_silent_remote_worker_is_dropped_and_its_requests_move():
+    "A registered worker (no process of the router's) that sends nothing for SILENCE_S is gone: a dead host sends no EOF."
+    from inferlab.serve.registry import SILENCE_S, Worker
+    r = _bare_router(num_decode=1)
+    remote = Worker("edge-decode", None, _Conn(), pool=_report(events=False)["pool"], role="decode", address="10.0.0.9")
+    r.workers.append(remote)
+    rids = [r.add_request(list(range(1, 20)), SamplingParams(max_tokens=4)) for _ in range(2)]   # one on each
+    moved = [rid for rid in rids if r.requests[rid].decode is remote]
+    assert len(moved) == 1
+    remote.last_seen -= SILENCE_S + 1
+    r._reap()                                                      # what each step does first: no message ever comes
+    assert not remote.alive and r.requests[moved[0]].decode is r.workers[0] and r.stats()["rerouted"] == 1
+    assert r.stats()["worker_departures"] == {"silent": 1} and r.stats()["workers_decode"] == 1
