@@ -88,6 +88,7 @@ class DisaggRouter(Engine):
         self.requests: dict[str, Route] = {}
         self._done: list[RequestOutput] = []
         self._next_check, self.kv_transfers = 0.0, {"shm": 0, "tcp": 0}      # requests whose KV moved, by transport
+        self._departed = dict(query=0, hits=0, drafts=0, accepted=0)   # counters of decode workers no longer listed
         self.kv_bytes = self.kv_blocks = self.remote_prefills = self.local_prefills = self.fallbacks = self.rerouted = 0
 
     def _live(self, role: str) -> list[Worker]: return [w for w in self.workers if w.alive and w.role == role]
@@ -260,10 +261,12 @@ def _lost(self: DisaggRouter, w: Worker, why: str = "died") -> list[RequestOutpu
     self.registry.depart(w, why)
     if w.role == "prefill":
         for rid in list(w.inflight): self._fallback(rid)
-        return []
-    err = RuntimeError(f"{w.describe()} {'left' if why == 'left' else 'died'}; the request was ended")
-    for r in [r for r in self.requests.values() if r.decode is w]:
-        if r.tokens or not self._reroute(r): self._finish(r, "error", err)
+    else:
+        err = RuntimeError(f"{w.describe()} {'left' if why == 'left' else 'died'}; the request was ended")
+        for r in [r for r in self.requests.values() if r.decode is w]:
+            if r.tokens or not self._reroute(r): self._finish(r, "error", err)
+        for k in self._departed: self._departed[k] += w.pool.get(k, 0) if w.proc is None else 0
+    if w.proc is None: self.workers.remove(w)   # a registered one is unlisted: restarts must not grow the table
     return []
 
 @patch
@@ -290,7 +293,7 @@ def stats(self: DisaggRouter) -> dict:
     """Chapter 15c's load figures from the decode workers' last reports (the prefix counters of a worker that died
     stay counted), the requests in flight per role, what the router moved and decided, and its registry's table."""
     pools = [w.pool for w in self._live("decode") if w.pool]
-    ever = [w.pool for w in self.workers if w.role == "decode" and w.pool]
+    ever = [w.pool for w in self.workers if w.role == "decode" and w.pool] + [self._departed]
     started = sum(r.first_token is not None for r in self.requests.values())
     q = self.queue_depths()
     return dict(num_running=started, num_waiting=len(self.requests) - started,

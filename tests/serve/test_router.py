@@ -63,7 +63,7 @@ def _bare_router(mode="kv", num_decode=2):
     r.model_config, r.tokenizer = load_config(resolve_model_path("tiny-dense")), load_tokenizer("tiny-dense")
     r.max_model_len, r.max_local_prefill_length, r.max_prefill_queue = 2048, 1000, 2
     r.kv_bytes = r.kv_blocks = r.remote_prefills = r.local_prefills = r.fallbacks = r.rerouted = 0
-    r.kv_transfers = {"shm": 0, "tcp": 0}
+    r.kv_transfers, r._departed = {"shm": 0, "tcp": 0}, dict(query=0, hits=0, drafts=0, accepted=0)
     r.workers = r.registry.workers
     r.workers += [Worker(f"inferlab-decode-{i}", _Proc(), _Conn(), pool=_report(events=False)["pool"])
                   for i in range(num_decode)]
@@ -151,7 +151,11 @@ def test_a_silent_remote_worker_is_dropped_and_its_requests_move():
     rids = [r.add_request(list(range(1, 20)), SamplingParams(max_tokens=4)) for _ in range(2)]   # one on each
     moved = [rid for rid in rids if r.requests[rid].decode is remote]
     assert len(moved) == 1
+    remote.pool |= dict(query=50, hits=32)                         # its prefix cache's counters so far
+    before = r.stats()["prefix_query_tokens"], r.stats()["prefix_hit_tokens"]
     remote.last_seen -= SILENCE_S + 1
     r._reap()                                                      # what each step does first: no message ever comes
-    assert not remote.alive and r.requests[moved[0]].decode is r.workers[0] and r.stats()["rerouted"] == 1
+    assert not remote.alive and remote not in r.workers                # unlisted: restarts cannot grow the table
+    assert r.requests[moved[0]].decode is r.workers[0] and r.stats()["rerouted"] == 1
     assert r.stats()["worker_departures"] == {"silent": 1} and r.stats()["workers_decode"] == 1
+    assert (r.stats()["prefix_query_tokens"], r.stats()["prefix_hit_tokens"]) == before   # counters never go back
