@@ -86,7 +86,7 @@ def tune(evaluate, runs: int = 24, seed: int = 0, batch_sizes=(4, 16, 64), popul
         study = optuna.create_study(directions=_directions(axes),
                                     sampler=optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed))
         stop = lambda study, trial: study.stop() if len(seen) >= runs else None
-    else:                   # another proposal sequence per process (and thread): the seed plus the thread's id
+    else:                   # another proposal sequence per process (and thread): `seed` plus the thread's id
         sampler = optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed + threading.get_native_id())
         study = open_study(storage, study_name, axes, sampler)
         stop = lambda study, trial: study.stop() if _claimed(study.get_trials(deepcopy=False), True) >= runs else None

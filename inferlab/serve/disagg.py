@@ -10,29 +10,32 @@ import ctypes, dataclasses, json, os, socket, time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-import torch
 from ..model.sampling import SamplingParams
 from ..engine.interface import Engine, RequestOutput
 from ..engine.llm_engine import LLMEngine
-from .kv_transfer import KVPayload, PayloadCollector, adopt, payload_collector, _DTYPES
-from .kv_net import LEASE_S, KVServer, fetch_payload, machine_id
+from .kv_transfer import KVPayload, PayloadCollector, adopt, payload_collector
+from .kv_net import LEASE_S, KVServer, fetch_payload, machine_id, payload_from, payload_parts
 from ..engine.kv_connector import enable_kv_events, take_kv_events
 
 # %% auto #0
-__all__ = ['HEARTBEAT_S', 'send', 'no_delay', 'recv', 'connect', 'params_dict', 'write_payload', 'read_payload', 'hello',
-           'run_worker', 'decode_loop', 'prefill_loop']
+__all__ = ['HEARTBEAT_S', 'send', 'set_sockopt', 'no_delay', 'recv', 'connect', 'params_dict', 'write_payload', 'read_payload',
+           'hello', 'run_worker', 'decode_loop', 'prefill_loop']
 
 # %% ../../nbs/57_disagg.ipynb #37e7cdbc
 def send(conn, msg: dict): conn.send_bytes(json.dumps(msg).encode())
+
+def set_sockopt(conn, level: int, option: int, value):
+    "Set a socket option on a `multiprocessing` `Connection`, which keeps only the socket's file descriptor."
+    s = socket.socket(fileno=os.dup(conn.fileno()))                # the same socket; closing the dup leaves it open
+    try: s.setsockopt(level, option, value)
+    finally: s.close()
+    return conn
 
 def no_delay(conn):
     """Turn Nagle's algorithm off on a TCP `Connection`: messages here are small and frequent, and Nagle holding one
     until the previous is acknowledged, against the peer's delayed ACK, stalls a token stream by up to Linux's minimum
     delayed-ACK time (TCP_DELACK_MIN, 40 ms: include/net/tcp.h) at a time."""
-    s = socket.socket(fileno=os.dup(conn.fileno()))                # the same socket; closing the dup leaves it open
-    try: s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    finally: s.close()
-    return conn
+    return set_sockopt(conn, socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 def recv(conn) -> dict: return json.loads(conn.recv_bytes())
 
 def connect(address: str, authkey: bytes, source_host: str | None = None, timeout: float = 10.0):
@@ -51,29 +54,19 @@ def params_dict(p: SamplingParams) -> dict: return dataclasses.asdict(p)
 
 def write_payload(p: KVPayload) -> tuple[str, dict]:
     "Put a payload's KV (and scales) into a new shared-memory segment: (its name, what the reader needs)."
-    kv = p.kv.contiguous().view(torch.uint8).reshape(-1).numpy()
-    sc = b"" if p.scales is None else p.scales.contiguous().numpy().tobytes()
-    shm = shared_memory.SharedMemory(create=True, size=max(1, kv.nbytes + len(sc)))
+    meta, kv, sc = payload_parts(p)                               # the header a TCP frame carries (chapter 56a)
+    shm = shared_memory.SharedMemory(create=True, size=max(1, len(kv) + len(sc)))
     resource_tracker.unregister(shm._name, "shared_memory")       # the adopter unlinks it, not our exit
-    shm.buf[:kv.nbytes] = kv.tobytes(); shm.buf[kv.nbytes:kv.nbytes + len(sc)] = sc
-    meta = dict(shape=list(p.kv.shape), dtype=_DTYPES.index(p.kv.dtype), kv_bytes=kv.nbytes, scale_bytes=len(sc),
-                prompt_token_ids=p.prompt_token_ids, first_token=p.first_token)
+    shm.buf[:len(kv)] = kv; shm.buf[len(kv):len(kv) + len(sc)] = sc
     name = shm.name; shm.close()
     return name, meta
 
 def read_payload(name: str, meta: dict) -> KVPayload:
     "Copy a payload out of its segment and unlink the segment (the lease ends)."
     shm = shared_memory.SharedMemory(name=name)
-    try:
-        raw = torch.frombuffer(bytearray(shm.buf[:meta["kv_bytes"]]), dtype=torch.uint8)
-        kv = raw.view(_DTYPES[meta["dtype"]]).view(*meta["shape"])
-        scales = None
-        if meta["scale_bytes"]:
-            b = bytearray(shm.buf[meta["kv_bytes"]:meta["kv_bytes"] + meta["scale_bytes"]])
-            scales = torch.frombuffer(b, dtype=torch.float32).view(meta["shape"][0], 2, -1)
-    finally:
-        shm.close(); shm.unlink()
-    return KVPayload(kv, scales, meta["prompt_token_ids"], meta["first_token"])
+    try: body = bytearray(shm.buf[:meta["kv_bytes"] + meta["scale_bytes"]])           # the one copy out
+    finally: shm.close(); shm.unlink()
+    return payload_from(meta, body)
 
 # %% ../../nbs/57_disagg.ipynb #714ba0cd
 HEARTBEAT_S = 1.0          # a worker that has sent nothing for this long says it is alive (with its load)

@@ -16,8 +16,9 @@ import torch
 from .kv_transfer import KVPayload, _DTYPES
 
 # %% auto #0
-__all__ = ['MAGIC', 'DIGEST_BYTES', 'MAX_HEADER', 'CHUNK', 'LEASE_S', 'KV_TRANSPORTS', 'KVTransferError', 'encode_payload',
-           'encode_error', 'recv_exact', 'read_frame', 'KVServer', 'fetch_payload', 'machine_id', 'choose_transport']
+__all__ = ['MAGIC', 'DIGEST_BYTES', 'MAX_HEADER', 'CHUNK', 'LEASE_S', 'KV_TRANSPORTS', 'KVTransferError', 'payload_parts',
+           'payload_from', 'encode_payload', 'encode_error', 'recv_exact', 'read_frame', 'KVServer', 'fetch_payload',
+           'machine_id', 'choose_transport']
 
 # %% ../../nbs/56a_kv_network.ipynb #6cfa66ab
 MAGIC, DIGEST_BYTES, MAX_HEADER = b"IKV1", 32, 1 << 24
@@ -38,13 +39,30 @@ def _frame(head: dict, body: list):
             h.update(mv[i:i + CHUNK]); yield mv[i:i + CHUNK]
     yield h.digest()
 
-def encode_payload(p: KVPayload):
-    "A payload as one frame, buffers to `sendall` in turn (the KV is not copied: byte views of it)."
+def payload_parts(p: KVPayload) -> tuple[dict, memoryview, bytes]:
+    """A payload as what any transport moves: its header (shape, dtype, byte counts, prompt, first token), the KV's
+    bytes (a view, not a copy) and the scales' bytes. `payload_from` puts them back together."""
     kv = p.kv.contiguous().view(torch.uint8).reshape(-1).numpy()
     sc = b"" if p.scales is None else p.scales.contiguous().numpy().tobytes()
     head = dict(shape=list(p.kv.shape), dtype=_DTYPES.index(p.kv.dtype), kv_bytes=kv.nbytes, scale_bytes=len(sc),
                 prompt_token_ids=p.prompt_token_ids, first_token=p.first_token)
-    return _frame(head, [memoryview(kv), sc])
+    return head, memoryview(kv), sc
+
+def payload_from(head: dict, body) -> KVPayload:
+    "The payload of `payload_parts`' header and its KV and scale bytes, one after the other in `body` (not copied)."
+    kv = torch.frombuffer(body, dtype=torch.uint8, count=head["kv_bytes"]) if head["kv_bytes"] else \
+        torch.empty(0, dtype=torch.uint8)
+    scales = None
+    if head["scale_bytes"]:
+        scales = torch.frombuffer(body, dtype=torch.float32, offset=head["kv_bytes"],
+                                  count=head["scale_bytes"] // 4).view(head["shape"][0], 2, -1)
+    return KVPayload(kv.view(_DTYPES[head["dtype"]]).view(*head["shape"]), scales, head["prompt_token_ids"],
+                     head["first_token"])
+
+def encode_payload(p: KVPayload):
+    "A payload as one frame, buffers to `sendall` in turn (the KV is not copied: byte views of it)."
+    head, kv, sc = payload_parts(p)
+    return _frame(head, [kv, sc])
 
 def encode_error(message: str):
     "A frame that carries no KV, only why not (the reader raises it)."
@@ -92,13 +110,7 @@ def read_frame(sock: socket.socket, peer: str) -> KVPayload:
     if h.digest() != digest:
         raise KVTransferError(f"KV from {peer}: checksum mismatch over {len(body)} bytes (a damaged payload)")
     if "error" in head: raise KVTransferError(f"KV from {peer}: {head['error']}")
-    kv = torch.frombuffer(body, dtype=torch.uint8, count=head["kv_bytes"]) if head["kv_bytes"] else \
-        torch.empty(0, dtype=torch.uint8)
-    kv = kv.view(_DTYPES[head["dtype"]]).view(*head["shape"])
-    scales = None
-    if head["scale_bytes"]:
-        scales = torch.frombuffer(body, dtype=torch.float32, offset=head["kv_bytes"]).view(head["shape"][0], 2, -1)
-    return KVPayload(kv, scales, head["prompt_token_ids"], head["first_token"])
+    return payload_from(head, body)
 
 # %% ../../nbs/56a_kv_network.ipynb #87176655
 LEASE_S = 30.0                          # a payload nobody fetched is dropped after this (vLLM's NIXL lease)

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from .disagg import HEARTBEAT_S, send, recv, no_delay
+from .disagg import HEARTBEAT_S, send, recv, no_delay, set_sockopt
 from .kv_routing import apply_kv_events
 
 # %% auto #0
@@ -77,16 +77,11 @@ class WorkerRegistry:
                 if not (isinstance(hello, dict) and hello.get("op") == "ready"): raise ValueError("no hello")
             except AuthenticationError: self.refused += 1; conn.close(); return
             except (OSError, EOFError, ValueError): conn.close(); return
-            _unset_timeout(conn)
+            set_sockopt(conn, socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))   # greeted: no timeout
             self._greeted.put((no_delay(conn), hello, peer))
         finally: self._greeting.release()
 
     def has_news(self) -> bool: return not self._greeted.empty()
-
-def _unset_timeout(conn):
-    s = socket.socket(fileno=os.dup(conn.fileno()))                   # the same socket (as disagg.no_delay)
-    try: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
-    finally: s.close()
 
 # %% ../../nbs/57a_registry.ipynb #46e58fdc
 from fastcore.basics import patch
