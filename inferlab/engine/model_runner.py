@@ -308,6 +308,7 @@ class ModelRunner:
         # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
         decoder = decoder or NumpyDecoder
         self.numpy_decoder = None if decoder.unsupported(model, self.kv_cache) else decoder(model, self.kv_cache)
+        self.attention = getattr(self.numpy_decoder, "batch_attention", None) or self.attention   # 15d's C rows
         # the most tokens a decode-only step may hold and stay on that path (a speculative engine fits its drafts to it)
         self.decode_path_tokens = SMALL_STEP_TOKENS if self.numpy_decoder is not None else None
         # CUDA decode steps replay a graph per batch-size bucket (chapter 15b); `graphs_off` says why not

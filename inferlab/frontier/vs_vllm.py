@@ -12,12 +12,12 @@ import torch
 from ..model.config import ModelConfig, shipped_model_path
 from ..model.model import load_model, save_model
 from ..engine.llm_engine import LLMEngine, EngineConfig
-from .bench import bench_workloads, run_engine, inferlab_decode_rate
+from .bench import bench_workloads, run_engine, inferlab_decode_rate, BusyLoad
 from ..model.random_weights import random_model, llama_100m_config
 
 # %% auto #0
-__all__ = ['KV_CACHE_GIB', 'MODELS', 'write_checkpoints', 'VllmPeer', 'inferlab_startup', 'vs_vllm', 'main', 'add_model_args',
-           'parsed_models']
+__all__ = ['KV_CACHE_GIB', 'MODELS', 'write_checkpoints', 'VllmPeer', 'inferlab_startup', 'peer_rows', 'vs_vllm', 'main',
+           'add_model_args', 'parsed_models']
 
 # %% ../../nbs/71_vs_vllm.ipynb #d6d7fef0
 KV_CACHE_GIB = 2   # KV cache for each engine (vLLM: VLLM_CPU_KVCACHE_SPACE; inferlab: kv_cache_memory)
@@ -104,19 +104,40 @@ def inferlab_startup(model_dir, timeout: float = 300) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 # %% ../../nbs/71_vs_vllm.ipynb #88b072a6
+def peer_rows(peer, name: str, engine, workloads: dict, rounds: int, row, busy: int = 0):
+    """Each offline workload and batch-1 decode through `peer` (vLLM) and `engine(n)` (inferlab), alternating
+    rounds, a row each (the medians); `busy`: while that many busy-looping processes compete for the cores."""
+    tag = f" [busy {busy}]" if busy else ""
+    with BusyLoad(busy):
+        for wname, work in workloads.items():
+            out_tokens = sum(o for _, o in work)
+            ours, theirs = [], []
+            for _ in range(rounds):
+                ours.append(run_engine(engine(len(work)), work)["seconds"]); theirs.append(peer.offline(work))
+            row(name, f"offline {wname}, {len(work)} reqs{tag}", out_tokens / statistics.median(theirs),
+                out_tokens / statistics.median(ours), "output tok/s", busy=busy)
+        prompt, n = workloads["decode-heavy"][0][0][:32], 64
+        ours, theirs = [], []
+        for _ in range(rounds + 1):
+            ours.append(inferlab_decode_rate(engine(1), prompt, n)); theirs.append(peer.decode_rate(prompt, n))
+        row(name, f"batch-1 decode (median of {rounds + 1}){tag}", statistics.median(theirs), statistics.median(ours),
+            "tok/s", busy=busy)
+
 def vs_vllm(python: str, script: str, rounds: int = 2, seed: int = 0, models=("tiny-dense", "llama-100m"),
-            log=print) -> list[dict]:
-    "Run every workload on both engines, alternating; print and return rows (model, metric, vLLM, inferlab, ratio)."
+            busy: int = 0, log=print) -> list[dict]:
+    """Run every workload on both engines, alternating; print and return rows (model, metric, vLLM, inferlab, ratio,
+    busy). `busy=N`: the workloads again beside N busy-looping processes (chapter 70's `BusyLoad`), after the quiet
+    rows."""
     rows = []
-    def row(model, metric, peer, ours, unit, lower_is_better=False):
+    def row(model, metric, peer, ours, unit, lower_is_better=False, busy=0):
         ratio = peer / ours if lower_is_better else ours / peer      # > 1: inferlab is better
-        rows.append(dict(model=model, metric=metric, peer=peer, ours=ours, ratio=ratio, unit=unit))
-        log(f"  {model:<11s} {metric:<36s} {peer:>9.1f} {ours:>9.1f} {ratio:>7.2f}x  {unit}")
+        rows.append(dict(model=model, metric=metric, peer=peer, ours=ours, ratio=ratio, unit=unit, busy=busy))
+        log(f"  {model:<11s} {metric:<45s} {peer:>9.1f} {ours:>9.1f} {ratio:>7.2f}x  {unit}")
     tmp = Path(tempfile.mkdtemp(prefix="inferlab-vs-vllm-"))
     try:
         dirs = write_checkpoints(tmp, seed, models)
         log(f"vLLM peer: {python}; {rounds} alternating rounds; torch {torch.__version__}, {os.cpu_count()} cores")
-        log(f"  {'model':<11s} {'metric':<36s} {'vLLM':>9s} {'inferlab':>9s} {'ratio':>8s}")
+        log(f"  {'model':<11s} {'metric':<45s} {'vLLM':>9s} {'inferlab':>9s} {'ratio':>8s}")
         for name, d in dirs.items():
             model = load_model(d, dtype=torch.float32)
             scale = 1.0 if name == "tiny-dense" else 0.5
@@ -126,30 +147,22 @@ def vs_vllm(python: str, script: str, rounds: int = 2, seed: int = 0, models=("t
             with VllmPeer(python, script, d) as peer:
                 ours_start = inferlab_startup(d)
                 row(name, "start to first token", peer.started["ttft_s"], ours_start, "s (ratio: vLLM's / ours)", True)
-                for wname, work in workloads.items():
-                    out_tokens = sum(o for _, o in work)
-                    ours, theirs = [], []
-                    for _ in range(rounds):
-                        ours.append(run_engine(engine(len(work)), work)["seconds"]); theirs.append(peer.offline(work))
-                    row(name, f"offline {wname}, {len(work)} reqs", out_tokens / statistics.median(theirs),
-                        out_tokens / statistics.median(ours), "output tok/s")
-                prompt, n = workloads["decode-heavy"][0][0][:32], 64
-                ours, theirs = [], []
-                for _ in range(rounds + 1):
-                    ours.append(inferlab_decode_rate(engine(1), prompt, n)); theirs.append(peer.decode_rate(prompt, n))
-                row(name, f"batch-1 decode (median of {rounds + 1})", statistics.median(theirs),
-                    statistics.median(ours), "tok/s")
+                for n in sorted({0, busy}): peer_rows(peer, name, engine, workloads, rounds, row, n)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
+# %% ../../nbs/71_vs_vllm.ipynb #e2fb91b4
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="inferlab bench-vllm",
                                  description="inferlab vs vLLM's CPU backend (make bench-vllm)")
     ap.add_argument("--python", default=".venv-vllm/bin/python", help="the Python of the environment with vllm-cpu")
     ap.add_argument("--peer", default="tools/vllm_peer.py", help="the peer script that environment runs")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="also run every workload beside N busy-looping processes (the quiet rows come first)")
     add_model_args(ap, rounds=2)
     a = ap.parse_args(argv)
-    vs_vllm(a.python, a.peer, a.rounds, models=parsed_models(ap, a))
+    if not 0 <= a.busy <= 64: ap.error(f"--busy: must be in [0, 64], got {a.busy}")
+    vs_vllm(a.python, a.peer, a.rounds, models=parsed_models(ap, a), busy=a.busy)
 
 MODELS = ("tiny-dense", "llama-100m")          # the checkpoints `write_checkpoints` makes
 

@@ -80,3 +80,53 @@ def test_unwritable_cache_is_a_reason_not_a_crash(tmp_path):
     blocker = tmp_path / "a-file"; blocker.write_text("")
     lib, why = build_c_library("x", "int x(void) { return 1; }", blocker / "cache")
     assert lib is None and why
+
+def _paged_rows(B, H, Hkv, D, bs, longest, n_blocks, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kc, vc = (torch.randn(n_blocks, bs, Hkv, D, generator=g) for _ in range(2))
+    lens = torch.randint(1, longest, (B,), generator=g, dtype=torch.int32)
+    tables = torch.full((B, -(-int(lens.max()) // bs)), -1, dtype=torch.int32)
+    for b, L in enumerate(lens.tolist()):
+        n = -(-L // bs); tables[b, :n] = torch.randperm(n_blocks, generator=g)[:n].int()
+    return torch.randn(B, H, D, generator=g), kc, vc, tables, lens
+
+@needs_lib
+@pytest.mark.parametrize("H,Hkv,D,bs,window", [(8, 2, 32, 16, None), (6, 3, 16, 5, 7), (4, 4, 8, 3, None),
+                                                (8, 1, 64, 4, 20)])
+def test_batch_attention_matches_the_reference(H, Hkv, D, bs, window):
+    "Chapter 13's torch reference is the truth: GQA groups of 1-8, block sizes that are not powers of two, windows."
+    from inferlab.engine.c_decode import CAttention
+    from inferlab.engine.paged_attention import paged_decode_reference
+    q, kc, vc, tables, lens = _paged_rows(23, H, Hkv, D, bs, 90, 400)
+    att = CAttention(decode_library()[0])
+    got, ref = att.decode(q, kc, vc, tables, lens, 0.3, window), paged_decode_reference(q, kc, vc, tables, lens, 0.3,
+                                                                                          window)
+    assert (got - ref).abs().max() < 2e-5
+    assert (got - ref.roll(1, 0)).abs().max() > 0.05                       # the check can tell rows apart
+    t0 = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1); one = att.decode(q, kc, vc, tables, lens, 0.3, window)
+        torch.set_num_threads(2); two = att.decode(q, kc, vc, tables, lens, 0.3, window)
+    finally: torch.set_num_threads(t0)
+    assert torch.equal(one, two)                                           # bits independent of the thread count
+    assert torch.equal(att.decode(q[7:8], kc, vc, tables[7:8], lens[7:8], 0.3, window), one[7:8])   # and of neighbours
+
+@needs_lib
+def test_batched_steps_read_decode_rows_in_c_with_the_same_tokens():
+    "Steps above 8 rows (and decodes beside a prompt's chunk) take the C rows; greedy tokens equal the reference's."
+    from inferlab.engine.c_decode import CAttention
+    from inferlab.engine.paged_attention import TorchAttention
+    model = load_model(dtype=torch.float32)
+    prompts = [list(range(3 + i, 3 + i + 5 + 7 * i)) for i in range(20)]
+    outs = []
+    for backend in ("c", "torch"):
+        eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16, max_num_batched_tokens=64))
+        assert isinstance(eng.runner.attention, CAttention)
+        if backend == "torch": eng.runner.attention = TorchAttention()
+        ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in prompts]
+        done = {}
+        while eng.has_unfinished(): done.update({o.request_id: o.token_ids for o in eng.step() if o.finished})
+        outs.append([done[i] for i in ids])
+    assert outs[0] == outs[1]
+    fp8 = LLMEngine(model, None, EngineConfig(kv_cache_dtype="fp8"))
+    assert not isinstance(fp8.runner.attention, CAttention)                 # a quantized cache keeps the reference

@@ -40,3 +40,19 @@ def test_quiet_blas_workers_keeps_the_users_setting(monkeypatch):
 def test_quiet_blas_workers_refuses_an_exponent_openblas_would_not_take(bad):
     with pytest.raises(ValueError, match="exponent: OpenBLAS accepts 4..30"):
         quiet_blas_workers(ThreadpoolController().select(user_api="blas"), bad)
+
+def test_first_budget_counts_whoever_runs_now(monkeypatch):
+    "Before its first interval is measured, the owner sizes itself by the other threads running at that instant."
+    from inferlab.engine import cpu_threads
+    for now, want in ((None, "max"), (0, "max"), (10 ** 6, 1)):
+        monkeypatch.setattr(cpu_threads, "running_elsewhere", lambda now=now: now)
+        t = cpu_threads.CpuThreads()
+        assert t.budget == (t.max_threads if want == "max" else want)
+
+def test_running_elsewhere_sees_a_busy_process():
+    from inferlab.engine.cpu_threads import running_elsewhere
+    from inferlab.frontier.bench import BusyLoad
+    if running_elsewhere() is None: pytest.skip("no /proc")
+    with BusyLoad(1):
+        seen = [running_elsewhere() for _ in range(20)]
+    assert max(seen) >= 1                                   # the busy loop is running or ready, every instant
