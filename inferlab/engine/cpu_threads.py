@@ -87,11 +87,11 @@ class CpuThreads:
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
         cores = min(len(self.cpus), cgroup_cpu_limit() or len(self.cpus))   # a container's quota counts too
         self.max_threads = max(1, min(max_threads or torch.get_num_threads(), cores))
-        self.interval, self.others = interval, 0.0
+        self.interval = interval
         # until the first interval has been measured, the processes running right now: an engine made beside a busy
         # neighbour must not spend its first half second with a thread that waits for a shared core at every barrier
-        now = running_elsewhere()
-        self.budget = self.max_threads if now is None else max(1, min(self.max_threads, len(self.cpus) - now))
+        self.others = float(running_elsewhere() or 0)
+        self.budget = self.fit(self.others)
         self.blas = ThreadpoolController().select(user_api="blas")
         quiet_blas_workers(self.blas)                         # idle BLAS workers must not crowd torch's
         self.saved = (torch.get_num_threads(), [lib.get_num_threads() for lib in self.blas.lib_controllers])
@@ -107,8 +107,12 @@ class CpuThreads:
         self._last = (now, busy, own)
         if busy is None or busy0 is None: return self.budget
         self.others = max(0.0, (busy - busy0 - (own - own0)) / (now - t0))   # cores' worth of other work
-        self.budget = max(1, min(self.max_threads, int(len(self.cpus) - self.others + 0.5)))
+        self.budget = self.fit(self.others)
         return self.budget
+
+    def fit(self, others: float) -> int:
+        "The thread budget when `others` cores' worth of other processes' work shares this process's cores."
+        return max(1, min(self.max_threads, int(len(self.cpus) - others + 0.5)))
 
     @contextlib.contextmanager
     def step(self, decode: bool):

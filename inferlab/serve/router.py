@@ -265,8 +265,10 @@ def _lost(self: DisaggRouter, w: Worker, why: str = "died") -> list[RequestOutpu
         err = RuntimeError(f"{w.describe()} {'left' if why == 'left' else 'died'}; the request was ended")
         for r in [r for r in self.requests.values() if r.decode is w]:
             if r.tokens or not self._reroute(r): self._finish(r, "error", err)
-        for k in self._departed: self._departed[k] += w.pool.get(k, 0) if w.proc is None else 0
-    if w.proc is None: self.workers.remove(w)   # a registered one is unlisted: restarts must not grow the table
+    if w.proc is None:          # a registered one is unlisted (restarts must not grow the table); its counters stay
+        if w.role == "decode":
+            for k in self._departed: self._departed[k] += w.pool.get(k, 0)
+        self.workers.remove(w)
     return []
 
 @patch
