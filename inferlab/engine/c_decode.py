@@ -17,8 +17,8 @@ from .model_runner import NumpyDecoder, PagedKVCache, AttentionMetadata
 from .paged_attention import TorchAttention
 
 # %% auto #0
-__all__ = ['C_FLAGS', 'C_ELEMENTWISE', 'C_EXP', 'C_PAGED', 'C_ATTENTION', 'cpu_flags', 'c_cache_dir', 'build_c_library',
-           'decode_library', 'CDecoder', 'CAttention']
+__all__ = ['C_FLAGS', 'C_ELEMENTWISE', 'C_EXP', 'C_PAGED', 'C_PAGED_ROWS', 'C_ATTENTION', 'cpu_flags', 'c_cache_dir',
+           'build_c_library', 'decode_library', 'CDecoder', 'CAttention']
 
 # %% ../../nbs/15d_c_decode.ipynb #8f6991c5
 C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
@@ -129,9 +129,57 @@ static inline __m256 exp8(__m256 x) {
 # %% ../../nbs/15d_c_decode.ipynb #583afaf1
 C_PAGED = r"""
 #define FMA(a, b, acc) _mm256_fmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc)
-/* One query per row, q [B, H, D] (row stride qs), against its keys and values in the paged cache (positions lo..L-1)
-   into out [B, H, D]. A (row, KV head) pair is computed whole by one thread, in one order: its bits never depend on
-   the thread count or on the other rows. Its G = H / Hkv query heads share each key and value read. */
+/* One (row b, KV head kh) pair of a decode: the row's one query per head, q [B, H, D] (row stride qs), against its
+   keys and values in the paged cache (positions lo..L-1) into out [B, H, D]. Its G = H / Hkv query heads share each
+   key and value read. The pair is computed whole, in one order: its bits never depend on which thread runs it, on the
+   thread count or on the other rows. p, at: scratch for G * (L + 8) floats and L + 8 offsets. */
+static void paged_pair(const float *q, int64_t qs, const float *kc, const float *vc, const int32_t *tables,
+                       int64_t width, const int32_t *lens, int64_t b, int64_t kh, int64_t H, int64_t Hkv, int64_t D,
+                       int64_t bs, int64_t window, float scale, float *out, float *p, int64_t *at) {
+    int64_t G = H / Hkv, L = lens[b], lo = window > 0 && L > window ? L - window : 0;
+    int64_t n = L - lo, m = n + 8;                               /* p's stride per query head */
+    const int32_t *t = tables + b * width; const float *qg = q + b * qs + kh * G * D;   /* G query heads */
+    for (int64_t j = 0; j < m; j++) {                            /* past the end: the last position again */
+        int64_t pos = lo + (j < n ? j : n - 1);
+        at[j] = ((int64_t)t[pos / bs] * bs + pos % bs) * Hkv * D + kh * D;
+    }
+    for (int64_t j = 0; j < n; j += 8)                           /* scores, 8 positions at a time: their */
+        for (int64_t g = 0; g < G; g++) {                        /* lanes summed by one transpose-add */
+            __m256 d[8];
+            for (int r = 0; r < 8; r++) d[r] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < D; i += 8)
+                for (int r = 0; r < 8; r++) d[r] = FMA(qg + g * D + i, kc + at[j + r] + i, d[r]);
+            __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+            __m256 c = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+            __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
+            _mm256_storeu_ps(p + g * m + j, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+        }
+    for (int64_t g = 0; g < G; g++) {
+        float *pg = p + g * m, mx = -INFINITY, z[8];
+        for (int64_t j = 0; j < n; j++) mx = pg[j] > mx ? pg[j] : mx;
+        __m256 s8 = _mm256_setzero_ps(), acc[4];
+        for (int64_t j = 0; j < n; j += 8) {                      /* softmax numerators and their sum */
+            _mm256_storeu_ps(z, exp8(_mm256_sub_ps(_mm256_loadu_ps(pg + j), _mm256_set1_ps(mx))));
+            for (int r = n - j; r < 8; r++) z[r] = 0.f;           /* lanes past the end weigh nothing */
+            _mm256_storeu_ps(pg + j, _mm256_loadu_ps(z)); s8 = _mm256_add_ps(s8, _mm256_loadu_ps(z));
+        }
+        __m256 inv = _mm256_set1_ps(1.f / hsum8(s8));
+        for (int64_t i0 = 0; i0 < D; i0 += 32) {                  /* weights times the values, 32 lanes */
+            int w = D - i0 < 32 ? (int)(D - i0) / 8 : 4; const float *vb = vc + i0;   /* in registers */
+            for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < n; j++)
+                for (int r = 0; r < w; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(pg[j]), _mm256_loadu_ps(vb + at[j] + 8*r), acc[r]);
+            for (int r = 0; r < w; r++) _mm256_storeu_ps(out + b * H * D + (kh * G + g) * D + i0 + 8 * r,
+                                                         _mm256_mul_ps(acc[r], inv));
+        }
+    }
+}
+"""
+
+# %% ../../nbs/15d_c_decode.ipynb #6afef73d
+C_PAGED_ROWS = r"""
+/* Every (row, KV head) pair, dealt to `threads` OpenMP threads dynamically. */
 void paged_decode(const float *q, int64_t qs, const float *kc, const float *vc, const int32_t *tables, int64_t width,
                   const int32_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t window,
                   float scale, float *out, int threads) {
@@ -142,46 +190,9 @@ void paged_decode(const float *q, int64_t qs, const float *kc, const float *vc, 
         float *p = malloc(G * (maxlen + 8) * sizeof(float));                /* scores, then the numerators */
         int64_t *at = malloc((maxlen + 8) * sizeof(int64_t));               /* positions' offsets in the cache */
         #pragma omp for schedule(dynamic, 2)
-        for (int64_t bk = 0; bk < B * Hkv; bk++) {
-            int64_t b = bk / Hkv, kh = bk % Hkv, L = lens[b], lo = window > 0 && L > window ? L - window : 0;
-            int64_t n = L - lo, m = n + 8;                               /* p's stride per query head */
-            const int32_t *t = tables + b * width; const float *qg = q + b * qs + kh * G * D;   /* G query heads */
-            for (int64_t j = 0; j < m; j++) {                            /* past the end: the last position again */
-                int64_t pos = lo + (j < n ? j : n - 1);
-                at[j] = ((int64_t)t[pos / bs] * bs + pos % bs) * Hkv * D + kh * D;
-            }
-            for (int64_t j = 0; j < n; j += 8)                           /* scores, 8 positions at a time: their */
-                for (int64_t g = 0; g < G; g++) {                        /* lanes summed by one transpose-add */
-                    __m256 d[8];
-                    for (int r = 0; r < 8; r++) d[r] = _mm256_setzero_ps();
-                    for (int64_t i = 0; i < D; i += 8)
-                        for (int r = 0; r < 8; r++) d[r] = FMA(qg + g * D + i, kc + at[j + r] + i, d[r]);
-                    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
-                    __m256 c = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
-                    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
-                    _mm256_storeu_ps(p + g * m + j, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
-                }
-            for (int64_t g = 0; g < G; g++) {
-                float *pg = p + g * m, mx = -INFINITY, z[8];
-                for (int64_t j = 0; j < n; j++) mx = pg[j] > mx ? pg[j] : mx;
-                __m256 s8 = _mm256_setzero_ps(), acc[4];
-                for (int64_t j = 0; j < n; j += 8) {                      /* softmax numerators and their sum */
-                    _mm256_storeu_ps(z, exp8(_mm256_sub_ps(_mm256_loadu_ps(pg + j), _mm256_set1_ps(mx))));
-                    for (int r = n - j; r < 8; r++) z[r] = 0.f;           /* lanes past the end weigh nothing */
-                    _mm256_storeu_ps(pg + j, _mm256_loadu_ps(z)); s8 = _mm256_add_ps(s8, _mm256_loadu_ps(z));
-                }
-                __m256 inv = _mm256_set1_ps(1.f / hsum8(s8));
-                for (int64_t i0 = 0; i0 < D; i0 += 32) {                  /* weights times the values, 32 lanes */
-                    int w = D - i0 < 32 ? (int)(D - i0) / 8 : 4; const float *vb = vc + i0;   /* in registers */
-                    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-                    for (int64_t j = 0; j < n; j++)
-                        for (int r = 0; r < w; r++)
-                            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(pg[j]), _mm256_loadu_ps(vb + at[j] + 8*r), acc[r]);
-                    for (int r = 0; r < w; r++) _mm256_storeu_ps(out + b * H * D + (kh * G + g) * D + i0 + 8 * r,
-                                                                 _mm256_mul_ps(acc[r], inv));
-                }
-            }
-        }
+        for (int64_t bk = 0; bk < B * Hkv; bk++)
+            paged_pair(q, qs, kc, vc, tables, width, lens, bk / Hkv, bk % Hkv, H, Hkv, D, bs, window, scale, out,
+                       p, at);
         free(p); free(at);
     }
 }
@@ -217,7 +228,7 @@ def _p(a: np.ndarray | None) -> int | None: return None if a is None else a.ctyp
 @lru_cache(maxsize=None)
 def decode_library() -> tuple[ctypes.CDLL | None, str]:
     "The decode step's C functions (built once per process): `(library, "")` or `(None, why)`."
-    lib, why = build_c_library("c_decode", C_ELEMENTWISE + C_EXP + C_PAGED + C_ATTENTION)
+    lib, why = build_c_library("c_decode", C_ELEMENTWISE + C_EXP + C_PAGED + C_PAGED_ROWS + C_ATTENTION)
     if lib is None: return None, why
     P, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.add_rms_norm.argtypes = [P, P, P, P, i64, i64, f32]

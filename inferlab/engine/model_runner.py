@@ -6,8 +6,7 @@ Docs: https://inferlab.github.io/inferlab/model_runner.html.md"""
 
 # %% ../../nbs/15_model_runner.ipynb #fc3bdd2e
 from __future__ import annotations
-import contextlib
-import copy
+import contextlib, copy
 from dataclasses import dataclass
 from functools import partial
 import torch
@@ -214,6 +213,7 @@ class NumpyDecoder:
         self.D, self.eps = cfg.head_dim, cfg.rms_norm_eps
         self.scale, self.windows, self.inv_freq = cfg.head_dim ** -0.5, cfg.layer_windows, model._inv_freq
         self.embed, self.final_norm = arr(model.model.embed_tokens.weight), arr(model.model.norm.weight)
+        self.head = model.lm_head                   # the step's logits `[R, vocab]` from its hidden states (15f: C)
         self.layers, linears = [], []
         for layer in model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -347,15 +347,15 @@ def _execute(self: ModelRunner, batch: ScheduledBatch, return_hidden: bool = Fal
 def forward(self: ModelRunner, ids, pos, meta, logits_idx, sample: bool = True, aux_layers=()) -> tuple:
     """A packed step: (hidden `[R, hidden]`, logits `[R, vocab]` float32) of the sampled rows; each TP rank runs it
     (ch. 43). `aux_layers`: a third entry, the residual stream entering those layers at every row `[T, n * hidden]`."""
+    head = self.model.lm_head                                                # the NumPy path: its decoder's
     if not aux_layers and self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
         pass                                                                  # replayed (None: not a graph step)
     elif self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
-        h = self.numpy_decoder(ids, pos, meta, aux_layers)                    # [T, hidden] (, [T, n * hidden])
+        h, head = self.numpy_decoder(ids, pos, meta, aux_layers), self.numpy_decoder.head   # [T, hidden] (, aux)
     else: h = self.hidden_states(ids, pos, meta, aux_layers)
     h, *aux = h if aux_layers else (h,)
     if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order
-    logits = self.model.lm_head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size,
-                                                                      dtype=torch.float32)
+    logits = head(h).float() if sample else h.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
     return (h, logits, *aux)
 
 @patch

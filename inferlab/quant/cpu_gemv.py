@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from .linear import QuantLinear
 from ..engine.c_decode import build_c_library
+from ..engine.c_step import C_INT8_ROW
 
 GEMV_MAX_ROWS = 8   # float32 rows up to this many take the C kernel; more (a prefill) take the reference's BLAS GEMM
 
@@ -27,35 +28,13 @@ C_COMMON = r"""
 #include <stdlib.h>
 #include <immintrin.h>
 #define INLINE static inline __attribute__((always_inline))
-INLINE float hsum(__m256 v) {                              /* the 8 lanes' sum, always in the same order */
+INLINE float hsum8(__m256 v) {                              /* the 8 lanes' sum, always in the same order */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 """
 C_INT8 = r"""
-INLINE __m256 i8x8(const int8_t *p) {                      /* 8 int8 codes -> 8 floats, exactly */
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-/* One row of W against one row of x: eight 8-wide accumulators over 64 inputs at a time (enough independent FMAs
-   to hide their latency), summed in a fixed order, then the leftover inputs one by one. The codes come straight
-   from memory (`w`, widened here, with a prefetch 2 KB ahead) or already widened (`f`, floats): the same values in
-   the same order, so the same bits. */
-INLINE float w8_row(const float *x, const int8_t *w, const float *f, int64_t K) {
-    __m256 a[8]; int64_t k = 0;
-    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-    if (f) for (; k + 64 <= K; k += 64)
-        for (int j = 0; j < 8; j++)
-            a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * j), _mm256_loadu_ps(f + k + 8 * j), a[j]);
-    else for (; k + 64 <= K; k += 64) {
-        _mm_prefetch((const char *)(w + k + 2048), _MM_HINT_T0);
-        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * j), i8x8(w + k + 8 * j), a[j]);
-    }
-    for (int j = 1; j < 8; j++) a[0] = _mm256_add_ps(a[0], a[j]);
-    float s = hsum(a[0]);
-    for (; k < K; k++) s += x[k] * (f ? f[k] : (float)w[k]);
-    return s;
-}
 /* y[m, n] = scale[n] * sum_k x[m, k] w[n, k]: codes [N, K] row-major, one float32 scale per output. A thread
    walks its rows of W in order, one sequential stream (four rows interleaved ran at ~22 GB/s here, one at ~28).
    Each (m, n) is summed in the same order whatever M, N or the thread count, so a row's result never depends on
@@ -113,7 +92,7 @@ INLINE void w4_rows(const float *x, const uint8_t *w, const float *f, const floa
         for (int r = 0; r < R; r++)
             t[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(sc[r * G + q]), t[r]);
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(t[r]);
+    for (int r = 0; r < R; r++) out[r] = hsum8(t[r]);
 }
 /* int4 codes packed two per byte (low nibble: the even input), one float32 scale per group of a row: [N, K / g]. */
 void w4_gemv(const float *x, const uint8_t *w, const float *scale, float *y, int64_t M, int64_t N, int64_t K,
@@ -145,7 +124,7 @@ void w4_gemv(const float *x, const uint8_t *w, const float *scale, float *y, int
 def build_gemv(cache: Path | None = None, cc: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     """Compile (once per source, compiler and machine; cached) and load the kernels with chapter 15d's
     `build_c_library`: `(library, "")`, or `(None, why)` where they cannot run here."""
-    lib, why = build_c_library("cpu_gemv", C_COMMON + C_INT8 + C_INT4, cache, cc)
+    lib, why = build_c_library("cpu_gemv", C_COMMON + C_INT8_ROW + C_INT8 + C_INT4, cache, cc)
     if lib is None: return None, why
     P, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.w8_gemv.argtypes, lib.w8_gemv.restype = [P, P, P, P, i64, i64, i64, i32], None
@@ -232,12 +211,14 @@ def cpu_gemv_matmul(x: torch.Tensor, layer: QuantLinear) -> torch.Tensor | None:
     return y.view(*x.shape[:-1], layer.out_features)
 
 def use_cpu_gemv(model: nn.Module) -> int:
-    """Give every layer the C kernels compute `kernel = cpu_gemv_matmul` and `few_rows` (the NumPy decoder's hook);
-    returns how many, 0 where the kernels cannot run here (`gemv_library()[1]` says why)."""
+    """Give every layer the C kernels compute `kernel = cpu_gemv_matmul` and `few_rows` (the NumPy decoder's hook),
+    and the int8 ones `int8_codes` (chapter 15f's one-call step reads their codes and scales itself); returns how
+    many, 0 where the kernels cannot run here (`gemv_library()[1]` says why)."""
     if gemv_library()[0] is None: return 0
     n = 0
     for layer in model.modules():
         if gemv_applies(layer):
             layer.kernel, layer.few_rows = cpu_gemv_matmul, partial(gemv_rows, layer)
+            if layer.spec.bits == 8: layer.int8_codes = partial(lambda l: _gemv_weights(l)[1:3], layer)
             n += 1
     return n

@@ -25,7 +25,7 @@ def _both(eng):
     ids, pos, meta, _, _ = prepare_batch(batch, eng.config.block_size)
     cache, dec = eng.runner.kv_cache, eng.runner.numpy_decoder
     saved = [t.clone() for t in cache.k + cache.v]
-    h_c = dec(ids, pos, meta)
+    h_c = CDecoder.__call__(dec, ids, pos, meta)                            # 15d's own step (15f: one call)
     kv_c = [t.clone() for t in cache.k + cache.v]
     for t, s in zip(cache.k + cache.v, saved): t.copy_(s)
     h_np = NumpyDecoder.__call__(dec, ids, pos, meta)
@@ -45,7 +45,7 @@ def _qwen_like(head_dim=16, seed=3):
 @needs_lib
 def test_tiny_dense_default_engine_decodes_in_c():
     eng = _engine(load_model(dtype=torch.float32), [list(range(5, 5 + n)) for n in (1, 15, 16, 17, 40, 70, 3)])
-    assert type(eng.runner.numpy_decoder) is CDecoder and eng.runner.numpy_decoder.c_off is None
+    assert isinstance(eng.runner.numpy_decoder, CDecoder) and eng.runner.numpy_decoder.c_off is None
     h_c, h_np, kv_err = _both(eng)
     assert (h_c - h_np).abs().max() < 1e-4 and kv_err < 1e-5
     assert (h_c - h_np.roll(1, 0)).abs().max() > 0.1                      # the check can tell rows apart
@@ -59,7 +59,7 @@ def test_qk_norm_bias_windows_gqa():
 def test_head_dim_not_multiple_of_8_takes_the_numpy_step():
     eng = _engine(_qwen_like(head_dim=12), [[1, 2, 3], [4, 5, 6, 7, 8]], block_size=4)
     dec = eng.runner.numpy_decoder
-    assert type(dec) is CDecoder and ("head_dim 12" in dec.c_off or decode_library()[0] is None)
+    assert isinstance(dec, CDecoder) and ("head_dim 12" in dec.c_off or decode_library()[0] is None)
     h_c, h_np, kv_err = _both(eng)
     assert torch.equal(h_c, h_np) and kv_err == 0                          # the same code ran
 

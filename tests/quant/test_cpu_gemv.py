@@ -2,7 +2,7 @@
 import numpy as np
 import pytest, torch
 import torch.nn as nn
-from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis import example, given, settings, strategies as st, HealthCheck
 from inferlab.model.config import shipped_model_path
 from inferlab.model.model import load_model
 from inferlab.model.sampling import SamplingParams
@@ -27,12 +27,15 @@ def _layer(fmt, n, k, seed, bias=False):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(["int8", "int4-g32", "int4-g64", "int4-g128"]), st.integers(1, 70), st.integers(1, 400),
        st.integers(1, GEMV_MAX_ROWS), st.integers(0, 2**31 - 1))
+@example("int4-g32", 1, 399, 1, 2230)                                   # terms that cancel
 def test_matches_reference_and_each_row_alone(fmt, n, k, m, seed):
     q = _layer(fmt, n, k, seed)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1))
     ref = q(x)
     got = torch.from_numpy(gemv_rows(q, x.numpy()))
-    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    # two float32 sums of the same terms in different orders: they differ by up to ~k ulps of the terms' size, so
+    # the bound scales with sum |x w| (a tolerance on |y| fails when the terms cancel: k = 399, y = 0.09)
+    assert ((got - ref).abs() <= 1e-5 * (x.abs() @ q.dequantize().float().abs().T)).all()
     for i in range(m):                     # a row's bits never depend on its neighbours or on the thread count
         assert torch.equal(torch.from_numpy(gemv_rows(q, x[i:i + 1].numpy())), got[i:i + 1])
 
