@@ -117,24 +117,6 @@ static inline void share(int64_t n, int t, int T, int64_t *lo, int64_t *hi) {
     int64_t u = (n + 15) / 16, a = u * t / T * 16, b = u * (t + 1) / T * 16;
     *lo = a < n ? a : n; *hi = b < n ? b : n;
 }
-
-/* `y = x [M, K] @ W (+ bias)` on `threads` OpenMP threads: the parts, a barrier, then each thread sums its share of
-   the columns (the lm_head's call). */
-void gemv(const float *x, int64_t M, int64_t K, const float *W, int64_t N, const float *bias, float *y, int threads) {
-    float *part = malloc(KCHUNKS * M * N * sizeof(float));
-    #pragma omp parallel num_threads(threads) if (threads > 1 && K * N >= (1 << 16))
-    {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        int64_t lo, hi;
-        my_parts(x, M, K, W, N, part, t, T);
-        #pragma omp barrier
-        share(N, t, T, &lo, &hi);
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t c = lo; c < hi; c++)
-                y[m * N + c] = summed(part, M * N, m * N + c, KCHUNKS) + (bias ? bias[c] : 0.f);
-    }
-    free(part);
-}
 """
 
 # %% ../../nbs/15f_c_step.ipynb #411bb587
@@ -164,6 +146,17 @@ static inline __attribute__((always_inline)) float w8_row(const float *x, const 
     for (; k < K; k++) s += x[k] * (f ? f[k] : (float)w[k]);
     return s;
 }
+/* Output n for M rows of x against its row of codes wn: y[m N] = scale * (x[m] . wn). More than one row: wn is
+   widened once into f (K floats) and every row of x reads floats, the same values in the same order. */
+static inline void w8_output(const float *x, int64_t M, const int8_t *wn, float *f, int64_t K, float scale, float *y,
+                             int64_t N) {
+    if (M > 1) {
+        int64_t i = 0;                                      /* int8 is a char type: widen in SIMD ourselves */
+        for (; i + 8 <= K; i += 8) _mm256_storeu_ps(f + i, i8x8(wn + i));
+        for (; i < K; i++) f[i] = (float)wn[i];
+    }
+    for (int64_t m = 0; m < M; m++) y[m * N] = w8_row(x + m * K, wn, M > 1 ? f : NULL, K) * scale;
+}
 """
 
 # %% ../../nbs/15f_c_step.ipynb #f40b1e05
@@ -172,6 +165,28 @@ enum { QKV, QKV_B, O, O_B, GATE_UP, DOWN, LN1, LN2, Q_NORM, K_NORM, K_CACHE, V_C
        QKV_S, O_S, GATE_UP_S, DOWN_S, NPTR };                 /* _S: an int8 matmul's scales (NULL: float32) */
 #define PTR(l, i) ((float *)(intptr_t)layers[(l) * NPTR + (i)])
 
+/* The summed matmul output of row b, columns c0..c0+w-1, into out (+ bias, if any). */
+static void sum_cols(const float *part, int parts, int64_t M, int64_t N, int64_t b, int64_t c0, int64_t w,
+                     const float *bias, float *out) {
+    for (int64_t c = c0; c < c0 + w; c++) out[c] = summed(part, M * N, b * N + c, parts) + (bias ? bias[c] : 0.f);
+}
+
+/* `y = x [M, K] @ W (+ bias)` on `threads` OpenMP threads: the parts, a barrier, then each thread sums its share of
+   the columns (the lm_head's call). */
+void gemv(const float *x, int64_t M, int64_t K, const float *W, int64_t N, const float *bias, float *y, int threads) {
+    float *part = malloc(KCHUNKS * M * N * sizeof(float));
+    #pragma omp parallel num_threads(threads) if (threads > 1 && K * N >= (1 << 16))
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        int64_t lo, hi;
+        my_parts(x, M, K, W, N, part, t, T);
+        #pragma omp barrier
+        share(N, t, T, &lo, &hi);
+        for (int64_t m = 0; m < M; m++) sum_cols(part, KCHUNKS, M, N, m, lo, hi - lo, bias, y + m * N);
+    }
+    free(part);
+}
+
 /* x [M, K] @ a matmul into `part`. Float32 K-major W (no scales): this thread's parts of the inputs. int8 codes
    W [N, K] with a scale per output: this thread's share of the outputs, whole, into part 0 (f: K floats, a row of
    codes widened once for several rows of x). Returns the number of parts that the op reading it sums. */
@@ -179,22 +194,8 @@ static int mm(const float *x, int64_t M, int64_t K, const float *W, const float 
               float *f, int t, int T) {
     if (!S) { my_parts(x, M, K, W, N, part, t, T); return KCHUNKS; }
     int64_t lo, hi; share(N, t, T, &lo, &hi);
-    for (int64_t n = lo; n < hi; n++) {
-        const int8_t *wn = (const int8_t *)W + n * K;
-        int64_t i = 0;
-        if (M > 1) {
-            for (; i + 8 <= K; i += 8) _mm256_storeu_ps(f + i, i8x8(wn + i));
-            for (; i < K; i++) f[i] = (float)wn[i];
-        }
-        for (int64_t m = 0; m < M; m++) part[m * N + n] = w8_row(x + m * K, wn, M > 1 ? f : NULL, K) * S[n];
-    }
+    for (int64_t n = lo; n < hi; n++) w8_output(x, M, (const int8_t *)W + n * K, f, K, S[n], part + n, N);
     return 1;
-}
-
-/* The summed matmul output of row b, columns c0..c0+w-1, into out (+ bias, if any). */
-static void sum_cols(const float *part, int parts, int64_t M, int64_t N, int64_t b, int64_t c0, int64_t w,
-                     const float *bias, float *out) {
-    for (int64_t c = c0; c < c0 + w; c++) out[c] = summed(part, M * N, b * N + c, parts) + (bias ? bias[c] : 0.f);
 }
 
 /* Row b's KV head kh in layer l: its G query heads, key and value summed from the q/k/v matmul's parts into qkv
@@ -336,8 +337,10 @@ class CStepDecoder(CDecoder):
 def __call__(self: CStepDecoder, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
              aux_layers=()):
     "Final-norm hidden states `[M, hidden]` of a decode-only step of M <= 8 rows: one C call (else chapter 15d's)."
-    if aux_layers or self.c_off or self.step_off: return CDecoder.__call__(self, token_ids, positions, meta, aux_layers)
-    M, D, b, p = token_ids.shape[0], self.D, self.buf, self.ptr
+    M = token_ids.shape[0]
+    if aux_layers or self.c_off or self.step_off or M > SMALL_STEP_TOKENS:                  # the buffers hold 8 rows
+        return CDecoder.__call__(self, token_ids, positions, meta, aux_layers)
+    D, b, p = self.D, self.buf, self.ptr
     cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)                  # [M, D]: both halves equal
     b["cos"][:M], b["sin"][:M] = cos.numpy()[:, :D // 2], sin.numpy()[:, :D // 2]
     np.take(self.embed, token_ids.numpy(), axis=0, out=b["x"][:M])                    # the residual stream

@@ -45,15 +45,7 @@ void w8_gemv(const float *x, const int8_t *w, const float *scale, float *y, int6
     {
         float *f = M > 1 ? malloc(K * sizeof(float)) : NULL;
         #pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            const int8_t *wn = w + n * K;
-            if (f) {
-                int64_t i = 0;                                  /* int8 is a char type: widen in SIMD ourselves */
-                for (; i + 8 <= K; i += 8) _mm256_storeu_ps(f + i, i8x8(wn + i));
-                for (; i < K; i++) f[i] = (float)wn[i];
-            }
-            for (int64_t m = 0; m < M; m++) y[m * N + n] = w8_row(x + m * K, wn, f, K) * scale[n];
-        }
+        for (int64_t n = 0; n < N; n++) w8_output(x, M, w + n * K, f, K, scale[n], y + n, N);
         free(f);
     }
 }

@@ -45,9 +45,9 @@ def test_default_engine_takes_one_call_on_tiny_dense():
     assert torch.allclose(dec.head(h), dec.lm_head(h), atol=1e-4)           # the logits' matmul in C
 
 @needs_lib
-@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("rows", [1, 4, 8, 9])                 # 9: more rows than its buffers, 15d's step
 def test_qk_norm_bias_windows_gqa(rows):
-    eng = _engine(_qwen_like(), [list(range(1, 1 + n)) for n in (2, 9, 13, 30, 5, 7, 11, 3)[:rows]], block_size=4)
+    eng = _engine(_qwen_like(), [list(range(1, 1 + n)) for n in (2, 9, 13, 30, 5, 7, 11, 3, 6)[:rows]], block_size=4)
     assert eng.runner.numpy_decoder.step_off is None
     _close(*_step(eng))
 
