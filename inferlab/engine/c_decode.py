@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from ..model.layers import rope_cos_sin
-from .model_runner import NumpyDecoder, PagedKVCache, AttentionMetadata
+from .model_runner import NumpyDecoder, PagedKVCache, AttentionMetadata, SMALL_STEP_TOKENS
 from .paged_attention import TorchAttention
 
 # %% auto #0
@@ -247,11 +247,16 @@ class CDecoder(NumpyDecoder):
         super().__init__(model, kv_cache)
         self.lib, why = decode_library()
         self.c_off = why or (f"head_dim {self.D} is not a multiple of 8" if self.D % 8 else None)
-        self.block_size = kv_cache.block_size
+        self.block_size, self.all_float32 = kv_cache.block_size, self.uses_blas     # every matmul on OpenBLAS
         # addresses fixed for the decoder's life, taken once (an ndarray's address costs ~1.5 µs to ask for)
         self.cache_ptrs = [(k.ctypes.data, v.ctypes.data) for k, v in zip(self.k, self.v)]
         self.norm_ptrs = [tuple(_p(w[n]) for n in ("ln1", "ln2", "q_norm", "k_norm")) for w in self.layers]
         self.final_ptr = _p(self.final_norm)
+
+    def takes(self, rows: int, threads: int) -> bool:
+        """A few rows, as chapter 15's step; and on one thread a float32 step of any size, where this step's few C
+        calls between OpenBLAS's matmuls beat torch's eager ops with no second thread to share them ('One thread')."""
+        return rows <= SMALL_STEP_TOKENS or (threads == 1 and self.all_float32 and not self.c_off)
 
 # %% ../../nbs/15d_c_decode.ipynb #c6a4f86a
 @patch

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from ..model.layers import rope_cos_sin
-from .model_runner import KMajorLinear, PagedKVCache, AttentionMetadata, SMALL_STEP_TOKENS
+from .model_runner import (KMajorLinear, PagedKVCache, AttentionMetadata, SMALL_STEP_TOKENS,
+                                          few_rows_matmul)
 from .c_decode import CDecoder, build_c_library, C_ELEMENTWISE, C_EXP, C_PAGED, _p
 
 # %% auto #0
@@ -354,9 +355,10 @@ def __call__(self: CStepDecoder, token_ids: torch.Tensor, positions: torch.Tenso
 
 @patch
 def c_head(self: CStepDecoder, h: torch.Tensor) -> torch.Tensor:
-    "Logits `[R, vocab]` of a decode step's hidden states `h [R, hidden]`: the lm_head's matmul in C."
+    "Logits `[R, vocab]` of a decode step's hidden states `h [R, hidden]`: the lm_head's matmul in C (many rows: BLAS)."
     if self.c_off or self.step_off: return self.lm_head(h)
     x = np.ascontiguousarray(h.detach().numpy(), np.float32)
+    if x.shape[0] > SMALL_STEP_TOKENS: return torch.from_numpy(few_rows_matmul(x, self.head_w))  # a packed gemm's job
     y = np.empty((x.shape[0], self.head_w.shape[1]), np.float32)
     self.step_lib.gemv(_p(x), x.shape[0], x.shape[1], _p(self.head_w), y.shape[1], None, _p(y),
                        torch.get_num_threads())

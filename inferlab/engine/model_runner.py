@@ -247,14 +247,11 @@ class NumpyDecoder:
 def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tensor,
              meta: AttentionMetadata, aux_layers=()):
     "Final-norm hidden states `[B, hidden]` of a decode-only step (and with `aux_layers`, as the torch path)."
-    H, Hkv, D = self.H, self.Hkv, self.D
-    B, bs = token_ids.shape[0], self.k[0].shape[1]
+    H, Hkv, D, B, bs = self.H, self.Hkv, self.D, token_ids.shape[0], self.k[0].shape[1]
     cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)          # the torch path's tables [B, D]
     cos, sin = cos.numpy()[:, None, :D // 2], sin.numpy()[:, None, :D // 2]   # both halves are equal
-    slots, lens = meta.slot_mapping.numpy(), meta.decode_seq_lens.tolist()
-    tables = meta.decode_block_tables.numpy()
-    # verify rows of one sequence: one group
-    groups = _row_groups(tables, lens)
+    slots, lens, tables = meta.slot_mapping.numpy(), meta.decode_seq_lens.tolist(), meta.decode_block_tables.numpy()
+    groups = _row_groups(tables, lens)                                         # verify rows of one sequence: one group
     x, aux = self.embed[token_ids.numpy()], []                                 # [B, hidden]
     for i, w in enumerate(self.layers):
         if i in aux_layers: aux.append(x)                                      # x is rebound below, never written
@@ -292,6 +289,11 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     h = torch.from_numpy(_np_rms_norm(x, self.final_norm, self.eps))
     return (h, torch.from_numpy(np.concatenate(aux, -1))) if aux_layers else h
 
+@patch
+def takes(self: NumpyDecoder, rows: int, threads: int) -> bool:
+    "Whether a decode-only step of `rows` rows on `threads` threads runs here (else torch's path): a few rows."
+    return rows <= SMALL_STEP_TOKENS
+
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:
     "Runs scheduled batches through the model over a paged KV cache; samples the next tokens."
@@ -299,8 +301,7 @@ class ModelRunner:
                  kv_scales: tuple | None = None, enforce_eager: bool = False, decoder: type | None = None):
         """`model` should already be packed (`pack_model`) if wanted; the runner uses it as given. `enforce_eager`:
         no CUDA graphs (chapter 15b). `decoder`: the CPU decode step's class (`NumpyDecoder`; chapter 15d's C one)."""
-        self.model, self.block_size = model, block_size
-        self.device = model.device
+        self.model, self.block_size, self.device = model, block_size, model.device
         self.threads = CpuThreads() if self.device.type == "cpu" else None   # sizes torch's and BLAS's pools
         self.attention = attention_backend(self.device)   # chosen once: Triton on CUDA, else the torch reference
         self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
@@ -323,9 +324,8 @@ class ModelRunner:
 
     def step_threads(self, batch: ScheduledBatch):
         """The CPU pool sizes for `batch`'s step (a decode on the NumPy path over OpenBLAS: BLAS threads; else torch's,
-        whose OpenMP pool the quantized layers' C kernels share). The engine holds them over the model call *and* the
-        sampling after it: torch ops run between steps with torch's two threads would wake OpenMP against OpenBLAS
-        threads still spinning (chapter 15a's trap)."""
+        whose OpenMP pool the quantized layers' C kernels share), held over the model call *and* the sampling after it:
+        torch ops between steps would wake OpenMP against OpenBLAS threads still spinning (chapter 15a's trap)."""
         blas = self.numpy_decoder is not None and self.numpy_decoder.uses_blas     # else the C kernels: OpenMP's
         return self.threads_for(decode=blas and batch.num_tokens <= SMALL_STEP_TOKENS)
 
@@ -350,8 +350,8 @@ def forward(self: ModelRunner, ids, pos, meta, logits_idx, sample: bool = True, 
     head = self.model.lm_head                                                # the NumPy path: its decoder's
     if not aux_layers and self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
         pass                                                                  # replayed (None: not a graph step)
-    elif self.numpy_decoder is not None and meta.num_prefill_tokens == 0 and ids.numel() <= SMALL_STEP_TOKENS:
-        h, head = self.numpy_decoder(ids, pos, meta, aux_layers), self.numpy_decoder.head   # [T, hidden] (, aux)
+    elif (d := self.numpy_decoder) and not meta.num_prefill_tokens and d.takes(ids.numel(), self.threads.budget):
+        h, head = d(ids, pos, meta, aux_layers), d.head                       # [T, hidden] (, aux)
     else: h = self.hidden_states(ids, pos, meta, aux_layers)
     h, *aux = h if aux_layers else (h,)
     if len(logits_idx) < h.shape[0]: h = h[logits_idx]                     # else every token samples, in order

@@ -122,6 +122,7 @@ def test_batched_steps_read_decode_rows_in_c_with_the_same_tokens():
     for backend in ("c", "torch"):
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16, max_num_batched_tokens=64))
         assert isinstance(eng.runner.attention, CAttention)
+        eng.runner.numpy_decoder.takes = lambda rows, threads: rows <= 8     # larger steps: torch, at any threads
         if backend == "torch": eng.runner.attention = TorchAttention()
         ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in prompts]
         done = {}
@@ -130,3 +131,34 @@ def test_batched_steps_read_decode_rows_in_c_with_the_same_tokens():
     assert outs[0] == outs[1]
     fp8 = LLMEngine(model, None, EngineConfig(kv_cache_dtype="fp8"))
     assert not isinstance(fp8.runner.attention, CAttention)                 # a quantized cache keeps the reference
+
+@needs_lib
+def test_one_thread_sends_larger_float32_steps_here(monkeypatch):
+    """At one thread a float32 decode-only step of any size runs on the C step (same greedy tokens as torch's path,
+    logits from one OpenBLAS product); with two threads, or quantized layers, steps above 8 rows keep torch's path."""
+    from inferlab.engine.cpu_threads import CpuThreads
+    from inferlab.quant.presets import quantize_model
+    model = load_model(dtype=torch.float32)
+    prompts = [list(range(5 + i, 12 + 3 * i)) for i in range(12)]
+    rows, real = [], CDecoder.__call__
+    monkeypatch.setattr(CDecoder, "__call__", lambda self, ids, *a, **k: (rows.append(len(ids)), real(self, ids, *a,
+                                                                                                        **k))[1])
+    outs = []
+    for here in (True, False):
+        eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16))
+        eng.runner.threads = CpuThreads(max_threads=1)                      # as beside a busy neighbour
+        if not here: eng.runner.numpy_decoder.takes = lambda rows, threads: rows <= 8
+        rows.clear()
+        ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)) for p in prompts]
+        done = {}
+        while eng.has_unfinished(): done.update({o.request_id: o.token_ids for o in eng.step() if o.finished})
+        outs.append([done[i] for i in ids])
+        assert max(rows, default=0) == (12 if here else 0)                  # 12 decode rows a step, or torch's path
+    assert outs[0] == outs[1]
+    dec = eng.runner.numpy_decoder
+    h = torch.randn(12, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(dec.head(h), model.lm_head(h), atol=1e-4)         # the many-row lm_head
+    assert CDecoder.takes(dec, 48, 1) and not CDecoder.takes(dec, 48, 2) and CDecoder.takes(dec, 8, 2)
+    assert not NumpyDecoder.takes(dec, 48, 1)                                # chapter 15's step: a few rows only
+    w8 = LLMEngine(quantize_model(model, "w8a16"), None, EngineConfig()).runner.numpy_decoder
+    assert w8.takes(8, 1) and not w8.takes(48, 1)
