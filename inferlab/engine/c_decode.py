@@ -253,10 +253,11 @@ class CDecoder(NumpyDecoder):
         self.norm_ptrs = [tuple(_p(w[n]) for n in ("ln1", "ln2", "q_norm", "k_norm")) for w in self.layers]
         self.final_ptr = _p(self.final_norm)
 
-    def takes(self, rows: int, threads: int) -> bool:
+    def takes(self, rows: int, threads: int, aux_layers=()) -> bool:
         """A few rows, as chapter 15's step; and on one thread a float32 step of any size, where this step's few C
-        calls between OpenBLAS's matmuls beat torch's eager ops with no second thread to share them ('One thread')."""
-        return rows <= SMALL_STEP_TOKENS or (threads == 1 and self.all_float32 and not self.c_off)
+        calls between OpenBLAS's matmuls beat torch's eager ops with no second thread to share them ('One thread').
+        Not a larger step asking for per-layer features (EAGLE-3): this step hands those to chapter 15's NumPy one."""
+        return rows <= SMALL_STEP_TOKENS or (threads == 1 and not aux_layers and self.all_float32 and not self.c_off)
 
 # %% ../../nbs/15d_c_decode.ipynb #c6a4f86a
 @patch

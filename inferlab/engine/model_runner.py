@@ -290,8 +290,8 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     return (h, torch.from_numpy(np.concatenate(aux, -1))) if aux_layers else h
 
 @patch
-def takes(self: NumpyDecoder, rows: int, threads: int) -> bool:
-    "Whether a decode-only step of `rows` rows on `threads` threads runs here (else torch's path): a few rows."
+def takes(self: NumpyDecoder, rows: int, threads: int, aux_layers=()) -> bool:
+    "Whether a decode-only step (`rows` rows, `threads` threads, features of `aux_layers`) runs here: a few rows."
     return rows <= SMALL_STEP_TOKENS
 
 # %% ../../nbs/15_model_runner.ipynb #f1139054
@@ -306,8 +306,7 @@ class ModelRunner:
         self.attention = attention_backend(self.device)   # chosen once: Triton on CUDA, else the torch reference
         self.kv_cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, self.device, kv_cache_dtype,
                                      *(kv_scales or (None, None)))
-        # CPU decode-only steps of a packed float32 model run in NumPy (see 'A decode step in NumPy'); None: torch
-        decoder = decoder or NumpyDecoder
+        decoder = decoder or NumpyDecoder   # CPU decode-only steps: NumPy ('A decode step in NumPy'); None: torch
         self.numpy_decoder = None if decoder.unsupported(model, self.kv_cache) else decoder(model, self.kv_cache)
         self.attention = getattr(self.numpy_decoder, "batch_attention", None) or self.attention   # 15d's C rows
         # the most tokens a decode-only step may hold and stay on that path (a speculative engine fits its drafts to it)
@@ -350,7 +349,8 @@ def forward(self: ModelRunner, ids, pos, meta, logits_idx, sample: bool = True, 
     head = self.model.lm_head                                                # the NumPy path: its decoder's
     if not aux_layers and self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
         pass                                                                  # replayed (None: not a graph step)
-    elif (d := self.numpy_decoder) and not meta.num_prefill_tokens and d.takes(ids.numel(), self.threads.budget):
+    elif ((d := self.numpy_decoder) and not meta.num_prefill_tokens
+          and d.takes(len(ids), self.threads.budget, aux_layers)):
         h, head = d(ids, pos, meta, aux_layers), d.head                       # [T, hidden] (, aux)
     else: h = self.hidden_states(ids, pos, meta, aux_layers)
     h, *aux = h if aux_layers else (h,)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
+from fastcore.basics import patch
 from ..model.config import ModelConfig, shipped_model_path
 from ..model.model import load_model, save_model
 from ..engine.llm_engine import LLMEngine, EngineConfig
@@ -16,8 +17,8 @@ from .bench import bench_workloads, run_engine, inferlab_decode_rate, BusyLoad
 from ..model.random_weights import random_model, llama_100m_config
 
 # %% auto #0
-__all__ = ['KV_CACHE_GIB', 'MODELS', 'write_checkpoints', 'VllmPeer', 'inferlab_startup', 'peer_rows', 'vs_vllm', 'main',
-           'add_model_args', 'parsed_models']
+__all__ = ['KV_CACHE_GIB', 'MODELS', 'write_checkpoints', 'VllmPeer', 'session_cpu_seconds', 'inferlab_startup', 'peer_rows',
+           'vs_vllm', 'main', 'add_model_args', 'parsed_models']
 
 # %% ../../nbs/71_vs_vllm.ipynb #d6d7fef0
 KV_CACHE_GIB = 2   # KV cache for each engine (vLLM: VLLM_CPU_KVCACHE_SPACE; inferlab: kv_cache_memory)
@@ -73,11 +74,13 @@ class VllmPeer:
             if line.startswith(b"{"): return json.loads(line)
 
     def offline(self, workload) -> float:
-        "Seconds for vLLM to run `workload` (after clearing its prefix cache, so rounds do not help each other)."
-        return self.ask(cmd="offline", prompts=[p for p, _ in workload], max_tokens=[o for _, o in workload])["seconds"]
+        """Seconds for vLLM to run `workload` (after clearing its prefix cache, so rounds do not help each other);
+        returns once its processes are idle again (`settle`), so that nothing of its run overlaps the next one."""
+        s = self.ask(cmd="offline", prompts=[p for p, _ in workload], max_tokens=[o for _, o in workload])["seconds"]
+        self.settle(); return s
 
     def decode_rate(self, prompt: list[int], n: int) -> float:
-        return self.ask(cmd="decode", prompt=prompt, n=n)["tok_s"]
+        r = self.ask(cmd="decode", prompt=prompt, n=n)["tok_s"]; self.settle(); return r
 
     def close(self, wait: float = 20):
         "Ask the peer to quit, give it `wait` seconds, then kill its process group."
@@ -88,6 +91,32 @@ class VllmPeer:
         if self.proc.poll() is None: os.killpg(self.proc.pid, signal.SIGKILL); self.proc.wait()   # its engine core too
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
+
+# %% ../../nbs/71_vs_vllm.ipynb #25c944db
+def session_cpu_seconds(sid: int) -> float | None:
+    "CPU seconds (user + system) used so far by the live processes of session `sid`, from /proc (None: no /proc)."
+    try: pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError: return None
+    ticks = 0
+    for pid in pids:
+        try: f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()    # after the command's name
+        except (OSError, IndexError): continue                                   # it ended meanwhile
+        if int(f[3]) == sid: ticks += int(f[11]) + int(f[12])                  # session; utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+@patch
+def settle(self: VllmPeer, idle: float = 0.1, window: float = 0.25, max_wait: float = 10.0) -> float:
+    """Wait until the peer's processes (its session: the script, vLLM's engine core and worker) use less than
+    `idle` of a core over `window` seconds, at most `max_wait` s; the seconds waited. vLLM's engine keeps polling
+    a core for about a second after it answers, and a run timed in that second would share a core with it."""
+    t0 = time.monotonic()
+    last = session_cpu_seconds(self.proc.pid)
+    while last is not None and time.monotonic() - t0 < max_wait:
+        time.sleep(window)
+        now = session_cpu_seconds(self.proc.pid)
+        if now is None or now - last < idle * window: break
+        last = now
+    return time.monotonic() - t0
 
 # %% ../../nbs/71_vs_vllm.ipynb #fd94f2e1
 def inferlab_startup(model_dir, timeout: float = 300) -> float:

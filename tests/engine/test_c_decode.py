@@ -122,7 +122,7 @@ def test_batched_steps_read_decode_rows_in_c_with_the_same_tokens():
     for backend in ("c", "torch"):
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16, max_num_batched_tokens=64))
         assert isinstance(eng.runner.attention, CAttention)
-        eng.runner.numpy_decoder.takes = lambda rows, threads: rows <= 8     # larger steps: torch, at any threads
+        eng.runner.numpy_decoder.takes = lambda rows, threads, aux_layers=(): rows <= 8   # larger: torch, any threads
         if backend == "torch": eng.runner.attention = TorchAttention()
         ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in prompts]
         done = {}
@@ -147,7 +147,7 @@ def test_one_thread_sends_larger_float32_steps_here(monkeypatch):
     for here in (True, False):
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16))
         eng.runner.threads = CpuThreads(max_threads=1)                      # as beside a busy neighbour
-        if not here: eng.runner.numpy_decoder.takes = lambda rows, threads: rows <= 8
+        if not here: eng.runner.numpy_decoder.takes = lambda rows, threads, aux_layers=(): rows <= 8
         rows.clear()
         ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)) for p in prompts]
         done = {}
@@ -159,6 +159,7 @@ def test_one_thread_sends_larger_float32_steps_here(monkeypatch):
     h = torch.randn(12, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(dec.head(h), model.lm_head(h), atol=1e-4)         # the many-row lm_head
     assert CDecoder.takes(dec, 48, 1) and not CDecoder.takes(dec, 48, 2) and CDecoder.takes(dec, 8, 2)
+    assert not CDecoder.takes(dec, 48, 1, aux_layers=(1, 3, 5))               # EAGLE-3 features: NumPy step
     assert not NumpyDecoder.takes(dec, 48, 1)                                # chapter 15's step: a few rows only
     w8 = LLMEngine(quantize_model(model, "w8a16"), None, EngineConfig()).runner.numpy_decoder
     assert w8.takes(8, 1) and not w8.takes(48, 1)
