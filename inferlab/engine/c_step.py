@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from ..model.layers import rope_cos_sin
-from .model_runner import (KMajorLinear, PagedKVCache, AttentionMetadata, SMALL_STEP_TOKENS,
-                                          few_rows_matmul)
+from .model_runner import KMajorLinear, PagedKVCache, AttentionMetadata, SMALL_STEP_TOKENS
+from .model_runner import few_rows_matmul
 from .c_decode import CDecoder, build_c_library, C_ELEMENTWISE, C_EXP, C_PAGED, _p
 
 # %% auto #0
