@@ -25,7 +25,7 @@ from .medusa import weight_fingerprint, read_head_dir, sibling_drafter_dir, _lr_
 # %% auto #0
 __all__ = ['default_aux_layers', 'check_aux_layers', 'Eagle3Drafter', 'after_past', 'ttt_mask', 'ttt_forward', 'target_features',
            'ttt_loss', 'self_distill', 'train_eagle3', 'embedding_fingerprint', 'save_eagle3', 'load_eagle3',
-           'default_eagle3_path', 'chain_acceptance', 'Eagle3Proposer']
+           'default_eagle3_path', 'chain_hits', 'chain_acceptance', 'Eagle3Proposer']
 
 # %% ../../nbs/35_eagle3.ipynb #43ba1820
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -258,21 +258,22 @@ def default_eagle3_path(target_source_dir) -> Path | None:
 
 # %% ../../nbs/35_eagle3.ipynb #d9f92a27
 @torch.no_grad()
+def chain_hits(drafter: Eagle3Drafter, target: CausalLM, seq: list[int], k: int = 4) -> torch.Tensor:
+    """`[k, n]` 0/1, n = len(seq) - k - 1: whether the first j drafts from context end c all match the target's
+    greedy choice, for c = 0..n-1 (context end c: the text up to token c + 1 is known, the drafts are tokens
+    c + 2 .. c + k + 1)."""
+    ids = torch.tensor([seq], device=target.device)
+    feats, tl = target_features(target, ids, drafter.aux_layers)
+    want, n = tl.argmax(-1)[0], feats.shape[1] - k                       # want[t]: the target's token at t + 2
+    outs = ttt_forward(drafter, feats, ids[:, 1:], k)
+    ok = torch.stack([drafter.logits(outs[j][0, j:j + n]).argmax(-1) == want[j:j + n] for j in range(k)])
+    return ok.int().cumprod(0)                                           # draft j+1 of context c at outs[j][c + j]
+
 def chain_acceptance(drafter: Eagle3Drafter, target: CausalLM, seqs: list[list[int]], k: int = 4,
                      skip: int = 0) -> torch.Tensor:
     """`[k]`: the fraction of context ends (past the first `skip` positions of each sequence) whose first j drafts
     all match the target's greedy choice, j = 1..k."""
-    hits = []
-    for s in seqs:
-        ids = torch.tensor([s], device=target.device)
-        feats, tl = target_features(target, ids, drafter.aux_layers)
-        want, L = tl.argmax(-1)[0], feats.shape[1]                        # [L]: the target's token at t + 2
-        outs = ttt_forward(drafter, feats, ids[:, 1:], k)
-        n = L - k - skip
-        if n < 1: continue
-        ok = torch.stack([drafter.logits(outs[j][0, skip + j:skip + j + n]).argmax(-1) == want[skip + j:skip + j + n]
-                          for j in range(k)])                            # [k, n]: draft j+1 of context c = skip..
-        hits.append(ok.int().cumprod(0))
+    hits = [chain_hits(drafter, target, s, k)[:, skip:] for s in seqs if len(s) - k - 1 > skip]
     if not hits: raise ValueError(f"seqs: none is longer than skip + k + 1 = {skip + k + 1} tokens")
     return torch.cat(hits, 1).float().mean(1)
 

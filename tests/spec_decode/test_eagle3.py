@@ -8,7 +8,8 @@ from inferlab.model.random_weights import random_model
 from inferlab.model.sampling import SamplingParams
 from inferlab.engine.sequence import Sequence
 from inferlab.spec_decode.eagle3 import (Eagle3Drafter, Eagle3Proposer, ttt_forward, target_features, save_eagle3,
-                                         load_eagle3, default_aux_layers, check_aux_layers)
+                                         load_eagle3, default_aux_layers, check_aux_layers, chain_hits,
+                                         chain_acceptance, default_eagle3_path)
 
 CFG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
@@ -58,6 +59,28 @@ def test_proposer_drafts_the_chain_and_resets_on_a_gap(toy, drafter):
     assert prop.state[seq.seq_id]["end"] == c + 5 and prop.state[seq.seq_id]["k"] is None
     prop.release(seq); prop.check()
     assert prop.propose([seq], [2])[0].tokens == []                          # no features: no drafts
+
+@torch.no_grad()
+def test_chain_hits_replay_the_proposer():
+    """Scored offline by teacher forcing, the shipped drafter's chain from each context end of the target's greedy
+    text is accepted exactly as deep as the proposer's drafts from that context match the text."""
+    from inferlab.model.config import shipped_model_path
+    from inferlab.model.model import load_model
+    src = shipped_model_path("tiny-dense")
+    target = load_model(src, dtype=torch.float32)
+    drafter = load_eagle3(default_eagle3_path(src), target)
+    text = [1, 2, 3] + list(range(40, 60))                                  # a prompt, then greedy continuation
+    while len(text) < 64: text.append(int(target(torch.tensor([text]))[0, -1].argmax()))
+    hits = chain_hits(drafter, target, text, k=4)                           # [4, 59]
+    feats, _ = target_features(target, torch.tensor([text]), drafter.aux_layers)
+    for c in range(22, 59, 3):                                               # context ends in the continuation
+        prop, seq = Eagle3Proposer(drafter), Sequence(text[:c + 2], SamplingParams(temperature=0, max_tokens=8))
+        prop.observe([seq], [0], [feats[0, :c + 1]])
+        d = prop.propose([seq], [4])[0].tokens
+        matched = torch.tensor([t == u for t, u in zip(d, text[c + 2:])]).int()     # the drafts against the text
+        assert hits[:, c].tolist() == matched.cumprod(0).tolist()
+    assert hits.shape == (4, 59) and hits[0, 22:].float().mean() > 0.3 and (hits[1:] <= hits[:-1]).all()
+    assert torch.equal(chain_acceptance(drafter, target, [text], 4, skip=22), hits[:, 22:].float().mean(1))
 
 def test_default_layers_and_bad_ids():
     assert default_aux_layers(32) == (2, 16, 29) and default_aux_layers(6) == (1, 3, 5)
