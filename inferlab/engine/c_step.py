@@ -17,7 +17,7 @@ from .model_runner import few_rows_matmul
 from .c_decode import CDecoder, build_c_library, C_ELEMENTWISE, C_EXP, C_PAGED, _p
 
 # %% auto #0
-__all__ = ['KCHUNKS', 'C_GEMV', 'C_GEMV_PARTS', 'C_INT8_ROW', 'C_STEP_PARTS', 'C_STEP', 'step_library', 'step_weights',
+__all__ = ['KCHUNKS', 'C_GEMV', 'C_ROWS', 'C_GEMV_PARTS', 'C_INT8_ROW', 'C_STEP_PARTS', 'C_STEP', 'step_library', 'step_weights',
            'CStepDecoder']
 
 # %% ../../nbs/15f_c_step.ipynb #49bfd15a
@@ -54,26 +54,46 @@ static void row_part(const float *x, int64_t k0, int64_t k1, const float *W, int
     }
     for (; k < k1; k++) for (int64_t c = 0; c < N; c++) y[c] = fmaf(x[k], W[k * N + c], y[c]);
 }
+"""
 
-/* R rows (1..4) of x by 16 columns at c, inputs k0..k1-1, k innermost: the 8 partial sums stay in registers and
-   each W load serves R rows. The same chain per output as row_part's. */
-static inline __attribute__((always_inline)) void rows_block(const float *x, int64_t K, int64_t k0, int64_t k1,
-                                                             const float *W, int64_t N, float *y, int64_t c,
-                                                             const int R) {
-    __m256 a[4][2];
-    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-    const float *w = W + k0 * N + c;
-    for (int64_t k = k0; k < k1; k++, w += N) {
-        _mm_prefetch((const char *)(w + 8 * N), _MM_HINT_T0);
-        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-        for (int r = 0; r < R; r++) {
-            __m256 xr = _mm256_broadcast_ss(x + r * K + k);
-            a[r][0] = _mm256_fmadd_ps(xr, w0, a[r][0]); a[r][1] = _mm256_fmadd_ps(xr, w1, a[r][1]);
+# %% ../../nbs/15f_c_step.ipynb #4eda0e22
+C_ROWS = r"""
+/* M rows, inputs k0..k1-1: y[m, 0:N] = x[m, k0:k1] @ W[k0:k1, :], W K-major [K, N] (the packed model's
+   `weight_np`), y row-major [M, N]. Four rows of W stream through at a time, whole, in memory order; each load of W
+   serves every row of x; the next four rows' lines are asked for early. Each y[m, c] is one chain of fused
+   multiply-adds in k order from 0, whatever M; the tail columns run it one lane wide. */
+static void rows_part(const float *x, int64_t M, int64_t K, int64_t k0, int64_t k1, const float *W, int64_t N,
+                      float *y) {
+    int64_t v1 = N / 16 * 16, k = k0;
+    for (int64_t i = 0; i < M * N; i++) y[i] = 0.f;
+    for (; k + 4 <= k1; k += 4) {
+        const float *w0 = W + k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+        int64_t c = 0;
+        for (; c < v1; c += 16) {
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(w0 + (4 + j) * N + c), _MM_HINT_T0);
+            for (int64_t i = c; i < c + 16; i += 8) {
+                __m256 b0 = _mm256_loadu_ps(w0 + i), b1 = _mm256_loadu_ps(w1 + i), b2 = _mm256_loadu_ps(w2 + i),
+                       b3 = _mm256_loadu_ps(w3 + i);
+                for (int64_t m = 0; m < M; m++) {
+                    const float *xm = x + m * K + k;
+                    float *ym = y + m * N + i;
+                    __m256 a = _mm256_fmadd_ps(_mm256_broadcast_ss(xm), b0, _mm256_loadu_ps(ym));
+                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 1), b1, a);
+                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 2), b2, a);
+                    _mm256_storeu_ps(ym, _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 3), b3, a));
+                }
+            }
         }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t cc = c; cc < N; cc++) {
+                const float *xm = x + m * K + k;
+                float *ym = y + m * N + cc;
+                *ym = fmaf(xm[3], w3[cc], fmaf(xm[2], w2[cc], fmaf(xm[1], w1[cc], fmaf(xm[0], w0[cc], *ym))));
+            }
     }
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(y + r * N + c, a[r][0]); _mm256_storeu_ps(y + r * N + c + 8, a[r][1]);
-    }
+    for (; k < k1; k++)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t c = 0; c < N; c++) y[m * N + c] = fmaf(x[m * K + k], W[k * N + c], y[m * N + c]);
 }
 """
 
@@ -82,23 +102,9 @@ C_GEMV_PARTS = r"""
 /* Part j of x [M, K] @ W: the inputs K*j/KCHUNKS .. K*(j+1)/KCHUNKS - 1, every column, into part + j*M*N. One
    thread reads the part's rows of W as one contiguous stretch of memory. */
 static void gemv_part(const float *x, int64_t M, int64_t K, const float *W, int64_t N, float *part, int64_t j) {
-    int64_t k0 = K * j / KCHUNKS, k1 = K * (j + 1) / KCHUNKS, v1 = N / 16 * 16;
-    float *y = part + j * M * N;
-    if (M == 1) { row_part(x, k0, k1, W, N, y); return; }
-    for (int64_t c = 0; c < v1; c += 16)                       /* a 16-column strip of W is read once for all rows */
-        for (int64_t m = 0; m < M; m += 4)
-            switch (M - m < 4 ? M - m : 4) {                   /* constant R: the accumulators stay in registers */
-                case 4: rows_block(x + m * K, K, k0, k1, W, N, y + m * N, c, 4); break;
-                case 3: rows_block(x + m * K, K, k0, k1, W, N, y + m * N, c, 3); break;
-                case 2: rows_block(x + m * K, K, k0, k1, W, N, y + m * N, c, 2); break;
-                default: rows_block(x + m * K, K, k0, k1, W, N, y + m * N, c, 1);
-            }
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t c = v1; c < N; c++) {
-            float s = 0.f;
-            for (int64_t k = k0; k < k1; k++) s = fmaf(x[m * K + k], W[k * N + c], s);
-            y[m * N + c] = s;
-        }
+    int64_t k0 = K * j / KCHUNKS, k1 = K * (j + 1) / KCHUNKS;
+    if (M == 1) row_part(x, k0, k1, W, N, part + j * N);
+    else rows_part(x, M, K, k0, k1, W, N, part + j * M * N);
 }
 
 /* Thread t of T's parts of a matmul, [KCHUNKS t / T, KCHUNKS (t+1) / T). */
@@ -287,7 +293,7 @@ void decode_step(const int64_t *layers, int64_t L, float *x, float *h, float *qk
 @lru_cache(maxsize=None)
 def step_library() -> tuple[ctypes.CDLL | None, str]:
     "The one-call step's C, built once per process (chapter 15d's `build_c_library`): `(library, '')` or `(None, why)`."
-    source = C_ELEMENTWISE + C_EXP + C_PAGED + C_GEMV + C_GEMV_PARTS + C_INT8_ROW + C_STEP_PARTS + C_STEP
+    source = C_ELEMENTWISE + C_EXP + C_PAGED + C_GEMV + C_ROWS + C_GEMV_PARTS + C_INT8_ROW + C_STEP_PARTS + C_STEP
     lib, why = build_c_library("c_step", source)
     if lib is None: return None, why
     P, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
