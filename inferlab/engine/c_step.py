@@ -58,42 +58,51 @@ static void row_part(const float *x, int64_t k0, int64_t k1, const float *W, int
 
 # %% ../../nbs/15f_c_step.ipynb #4eda0e22
 C_ROWS = r"""
+/* Up to four rows of x (MB of them, a constant where it is called) against 16 columns of W, inputs k0..k1-1: eight
+   sums in registers, two per row, enough independent FMAs to hide their latency; each load of W serves every row.
+   The sums start from zero at the part's first input (`first`), else from y, and go back to y. */
+static inline __attribute__((always_inline)) void tile16(const float *x, int64_t K, int64_t k0, int64_t k1,
+                                                          const float *W, int64_t N, float *y, const int MB,
+                                                          int first) {
+    __m256 a[8];
+    for (int i = 0; i < 2 * MB; i++) a[i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + i / 2 * N + i % 2 * 8);
+    const float *w = W + k0 * N;
+    for (int64_t k = k0; k < k1; k++, w += N) {
+        _mm_prefetch((const char *)(w + 16), _MM_HINT_T0);                  /* the next 16 columns' line */
+        __m256 b0 = _mm256_loadu_ps(w), b1 = _mm256_loadu_ps(w + 8);
+        for (int m = 0; m < MB; m++) {
+            __m256 s = _mm256_broadcast_ss(x + m * K + k);
+            a[2 * m] = _mm256_fmadd_ps(s, b0, a[2 * m]); a[2 * m + 1] = _mm256_fmadd_ps(s, b1, a[2 * m + 1]);
+        }
+    }
+    for (int i = 0; i < 2 * MB; i++) _mm256_storeu_ps(y + i / 2 * N + i % 2 * 8, a[i]);
+}
+
 /* M rows, inputs k0..k1-1: y[m, 0:N] = x[m, k0:k1] @ W[k0:k1, :], W K-major [K, N] (the packed model's
-   `weight_np`), y row-major [M, N]. Four rows of W stream through at a time, whole, in memory order; each load of W
-   serves every row of x; the next four rows' lines are asked for early. Each y[m, c] is one chain of fused
+   `weight_np`), y row-major [M, N]. W in blocks of 8 rows; within a block, 16 columns at a time for every four rows
+   of x. A block's 8 lines of 16 columns fit in one set of the L1 cache (8 ways) even where W's rows are a multiple
+   of 4 KB long and all 8 fall in the same set (the LM head's 16 KB rows). Each y[m, c] is one chain of fused
    multiply-adds in k order from 0, whatever M; the tail columns run it one lane wide. */
 static void rows_part(const float *x, int64_t M, int64_t K, int64_t k0, int64_t k1, const float *W, int64_t N,
                       float *y) {
-    int64_t v1 = N / 16 * 16, k = k0;
-    for (int64_t i = 0; i < M * N; i++) y[i] = 0.f;
-    for (; k + 4 <= k1; k += 4) {
-        const float *w0 = W + k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
-        int64_t c = 0;
-        for (; c < v1; c += 16) {
-            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(w0 + (4 + j) * N + c), _MM_HINT_T0);
-            for (int64_t i = c; i < c + 16; i += 8) {
-                __m256 b0 = _mm256_loadu_ps(w0 + i), b1 = _mm256_loadu_ps(w1 + i), b2 = _mm256_loadu_ps(w2 + i),
-                       b3 = _mm256_loadu_ps(w3 + i);
-                for (int64_t m = 0; m < M; m++) {
-                    const float *xm = x + m * K + k;
-                    float *ym = y + m * N + i;
-                    __m256 a = _mm256_fmadd_ps(_mm256_broadcast_ss(xm), b0, _mm256_loadu_ps(ym));
-                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 1), b1, a);
-                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 2), b2, a);
-                    _mm256_storeu_ps(ym, _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 3), b3, a));
+    int64_t v1 = N / 16 * 16;
+    for (int64_t b0 = k0; b0 < k1; b0 += 8) {
+        int64_t b1 = b0 + 8 < k1 ? b0 + 8 : k1;
+        for (int64_t c = 0; c < v1; c += 16)
+            for (int64_t m = 0; m < M; m += 4) {
+                const float *xm = x + m * K; float *ym = y + m * N + c;
+                switch (M - m) {                                 /* constant MB: the sums stay in registers */
+                    case 1: tile16(xm, K, b0, b1, W + c, N, ym, 1, b0 == k0); break;
+                    case 2: tile16(xm, K, b0, b1, W + c, N, ym, 2, b0 == k0); break;
+                    case 3: tile16(xm, K, b0, b1, W + c, N, ym, 3, b0 == k0); break;
+                    default: tile16(xm, K, b0, b1, W + c, N, ym, 4, b0 == k0);
                 }
             }
-        }
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t cc = c; cc < N; cc++) {
-                const float *xm = x + m * K + k;
-                float *ym = y + m * N + cc;
-                *ym = fmaf(xm[3], w3[cc], fmaf(xm[2], w2[cc], fmaf(xm[1], w1[cc], fmaf(xm[0], w0[cc], *ym))));
-            }
     }
-    for (; k < k1; k++)
+    for (int64_t m = 0; m < M; m++) for (int64_t c = v1; c < N; c++) y[m * N + c] = 0.f;
+    for (int64_t k = k0; k < k1; k++)
         for (int64_t m = 0; m < M; m++)
-            for (int64_t c = 0; c < N; c++) y[m * N + c] = fmaf(x[m * K + k], W[k * N + c], y[m * N + c]);
+            for (int64_t c = v1; c < N; c++) y[m * N + c] = fmaf(x[m * K + k], W[k * N + c], y[m * N + c]);
 }
 """
 
