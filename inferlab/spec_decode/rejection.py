@@ -7,7 +7,7 @@ Docs: https://inferlab.github.io/inferlab/rejection.html.md"""
 # %% ../../nbs/31_rejection.ipynb #7207cfe4
 from __future__ import annotations
 import torch
-from ..model.sampling import SamplingParams, probs_from_logits
+from ..model.sampling import SamplingParams, probs_from_logits, argmax_rows
 
 # %% auto #0
 __all__ = ['rejection_sample', 'greedy_verify', 'verify_batch']
@@ -57,7 +57,7 @@ def verify_batch(logits: torch.Tensor, drafts: list[list[int]], draft_probs: lis
     if sum(sizes) != logits.shape[0]:
         raise ValueError(f"logits: {logits.shape[0]} rows for drafts that need {sum(sizes)}")
     out, row = [], 0
-    greedy_argmax = logits.argmax(-1).tolist() if any(p.greedy for p in params) else None
+    greedy_argmax = argmax_rows(logits) if any(p.greedy for p in params) else None
     for d, q, p, g, n in zip(drafts, draft_probs, params, generators, sizes):
         if p.greedy: out.append(greedy_verify(greedy_argmax[row:row + n], d))
         else: out.append(rejection_sample(probs_from_logits(logits[row:row + n], p), d, q, g))

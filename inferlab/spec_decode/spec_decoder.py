@@ -13,6 +13,7 @@ import torch
 from fastcore.basics import patch
 from ..model.config import load_config, resolve_model_path, data_dir
 from ..model.model import load_model
+from ..model.sampling import finite_rows
 from ..engine.sequence import Sequence
 from ..engine.llm_engine import LLMEngine
 from .rejection import verify_batch
@@ -190,7 +191,7 @@ def _observe(self: SpecDecoder, batch, starts: list[int], drafted: list[int], ac
 def _verify(self: SpecDecoder, logits: torch.Tensor, groups, constraints=None) -> list:
     """Emitted tokens per group, or the exception that group raised (non-finite logits fail their request alone).
     Row j of a group is constrained (chapter 16a) after the group's first j drafts: a forbidden draft is rejected."""
-    finite = torch.isfinite(logits).all(-1).tolist()
+    finite = finite_rows(logits)
     if constraints is not None and constraints.state:      # a dict check when nothing is constrained
         rows = [(seq, tuple(seq.draft_token_ids[:j])) for seq, _, n in groups for j in range(n)]
         logits = constraints.apply(logits, [s for s, _ in rows], [d for _, d in rows])

@@ -173,31 +173,35 @@ def _path(ix: TokenIndex, occ: list, limit: int, min_prob: float, prob: float = 
         occ = [p + 1 for p in occ if T[p + 1] == t and p + 2 < L and T[p + 2] >= 0]
     return path
 
-def index_speculate(ix: TokenIndex, context, max_tokens: int, factor: float = 1.0, min_prob: float = 0.1):
-    "`speculate` on a TokenIndex: the same (tokens, score, n) as on a SuffixTree of the same sequences."
-    D, best = ix.depth, ([], 0.0, 0)
+def index_speculate(ix: TokenIndex, context, max_tokens: int, factor: float = 1.0, min_prob: float = 0.1,
+                    floor: float = 0.0):
+    """`speculate` on a TokenIndex: the same (tokens, score, n) as on a SuffixTree of the same sequences. `floor`: a
+    score to beat (another index's draft), below which no path is walked; ([], 0.0, 0) if none beats it."""
+    D, best = ix.depth, ([], floor, 0)
     limit = lambda n: min(max_tokens, int(factor * n + 1e-9), D - n)
-    def consider(path, n, head=()):
-        nonlocal best
-        steps = list(head) + path[:limit(n) - len(head)]
-        score = sum(p for _, p in steps)
-        if steps and score >= best[1]: best = ([t for t, _ in steps], score, n)
-    kids = ix.after.get(context[-1]) if context else None
-    if kids and limit(1) >= 1:                       # n = 1: the token's own counts, then its bigram's positions
-        t = min(kids, key=lambda u: (-kids[u], u)); prob = kids[t] / sum(kids.values())
-        if prob >= min_prob:
-            consider(_path(ix, ix.occurrences(context[-1], t), limit(1) - 1, min_prob, prob), 1, [(t, prob)])
+    groups, T, n = [], ix.tokens, 2          # [first n, last n, ends]: matches of n = 2.. with the same occurrences
     ends = ix.occurrences(context[-2], context[-1]) if len(context) > 1 else []
-    T, n, path, size = ix.tokens, 2, [], -1
     while ends and n < D:
-        if len(ends) != size:                        # fewer occurrences: a new path (else the last one, cut again)
-            size, path = len(ends), _path(ix, ends, min(max_tokens, D - n), min_prob)
-        consider(path, n)
+        if groups and len(ends) == len(groups[-1][2]): groups[-1][1] = n      # fewer only if the match moved on
+        else: groups.append([n, n, ends])
         if n >= len(context): break
         c = context[-n - 1]
         ends = [p for p in ends if T[p - n] == c]    # a separator stops every chain before position 0
         n += 1
-    return best
+    def consider(steps, n):
+        nonlocal best
+        score = sum(p for _, p in steps)
+        if steps and score > best[1]: best = ([t for t, _ in steps], score, n)
+    for n0, n1, occ in reversed(groups):     # the longest match first: a shorter one must score strictly higher,
+        if max(map(limit, range(n0, n1 + 1))) <= best[1]: continue   # and cannot beat its limit (each step <= 1)
+        path = _path(ix, occ, min(max_tokens, D - n0), min_prob)
+        for m in range(n1, n0 - 1, -1): consider(path[:limit(m)], m)
+    kids = ix.after.get(context[-1]) if context else None
+    if kids and limit(1) >= 1:                       # n = 1: the token's own counts, then its bigram's positions
+        t = min(kids, key=lambda u: (-kids[u], u)); prob = kids[t] / sum(kids.values())
+        if prob >= min_prob and prob * limit(1) > best[1]:
+            consider([(t, prob)] + _path(ix, ix.occurrences(context[-1], t), limit(1) - 1, min_prob, prob), 1)
+    return best if best[0] else ([], 0.0, 0)
 
 # %% ../../nbs/32a_suffix.ipynb #e1782a0d
 class SuffixProposer(Proposer):
@@ -230,8 +234,9 @@ class SuffixProposer(Proposer):
             seen = len(own.tokens) - 1 if own.spans else 0          # tokens added before (after one separator)
             own.add(seq.token_ids[seen:], new=False)
             context = seq.token_ids[-(self.depth - 1):]
-            mine, theirs = (index_speculate(ix, context, k, self.factor, self.min_prob) for ix in (own, self.earlier))
-            drafts.append(Draft(max(mine, theirs, key=lambda d: d[1])[0]))     # ties: the request's own
+            mine = index_speculate(own, context, k, self.factor, self.min_prob)
+            theirs = index_speculate(self.earlier, context, k, self.factor, self.min_prob, floor=mine[1])
+            drafts.append(Draft(theirs[0] or mine[0]))            # the global index's only if it scores higher
         return drafts
 
 # %% ../../nbs/32a_suffix.ipynb #558643ff
