@@ -17,8 +17,8 @@ from .model_runner import few_rows_matmul
 from .c_decode import CDecoder, build_c_library, C_ELEMENTWISE, C_EXP, C_PAGED, _p
 
 # %% auto #0
-__all__ = ['KCHUNKS', 'C_GEMV', 'C_ROWS', 'C_GEMV_PARTS', 'C_INT8_ROW', 'C_STEP_PARTS', 'C_STEP', 'step_library', 'step_weights',
-           'CStepDecoder']
+__all__ = ['KCHUNKS', 'C_GEMV', 'C_ROWS', 'C_GEMV_PARTS', 'C_INT8_ROW', 'C_SWIGLU', 'C_STEP_PARTS', 'C_STEP', 'step_library',
+           'step_weights', 'CStepDecoder']
 
 # %% ../../nbs/15f_c_step.ipynb #49bfd15a
 KCHUNKS = 4     # a matmul's inputs in four fixed parts: the threads share the parts, the sums keep one order
@@ -175,6 +175,41 @@ static inline void w8_output(const float *x, int64_t M, const int8_t *wn, float 
 }
 """
 
+# %% ../../nbs/15f_c_step.ipynb #5a1c0e7d
+C_SWIGLU = r"""
+/* silu(g) * u, 8 lanes: the sigmoid from e^-|g|, inside exp8's range (1 / (1 + e) for g >= 0, e / (1 + e) below). */
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_andnot_ps(_mm256_set1_ps(-0.f), g)));
+    __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+    __m256 s = _mm256_blendv_ps(_mm256_mul_ps(e, inv), inv, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+    return _mm256_mul_ps(_mm256_mul_ps(g, s), u);
+}
+/* act[lo:hi] = silu(gate) * up of one row, both summed from the gate/up matmul's parts (gate: columns off..off+I-1 of
+   the part rows, up: the next I), 8 columns at a time; the last few through the same lanes, zero-padded, so every
+   column gets the same arithmetic whatever the thread count. */
+static void swiglu_cols(const float *part, int parts, int64_t MN, int64_t off, int64_t I, int64_t lo, int64_t hi,
+                        float *act) {
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        __m256 g = _mm256_loadu_ps(part + off + i), u = _mm256_loadu_ps(part + off + I + i);
+        for (int j = 1; j < parts; j++) {
+            g = _mm256_add_ps(g, _mm256_loadu_ps(part + j * MN + off + i));
+            u = _mm256_add_ps(u, _mm256_loadu_ps(part + j * MN + off + I + i));
+        }
+        _mm256_storeu_ps(act + i, swiglu8(g, u));
+    }
+    if (i < hi) {
+        float g[8] = {0}, u[8] = {0}, y[8];
+        for (int64_t c = i; c < hi; c++) {
+            g[c - i] = summed(part, MN, off + c, parts); u[c - i] = summed(part, MN, off + I + c, parts);
+        }
+        _mm256_storeu_ps(y, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+        for (int64_t c = i; c < hi; c++) act[c] = y[c - i];
+    }
+}
+"""
+
+
 # %% ../../nbs/15f_c_step.ipynb #f40b1e05
 C_STEP_PARTS = r"""
 enum { QKV, QKV_B, O, O_B, GATE_UP, DOWN, LN1, LN2, Q_NORM, K_NORM, K_CACHE, V_CACHE, WINDOW,
@@ -277,12 +312,7 @@ void decode_step(const int64_t *layers, int64_t L, float *x, float *h, float *qk
             np = mm(h, M, n, PTR(l, GATE_UP), PTR(l, GATE_UP_S), 2 * I, part, f, t, T);
             #pragma omp barrier
             share(I, t, T, &lo, &hi);                                  /* SwiGLU on this thread's columns */
-            for (int64_t b = 0; b < M; b++)
-                for (int64_t i = lo; i < hi; i++) {
-                    float g = summed(part, M * 2 * I, b * 2 * I + i, np);
-                    float u = summed(part, M * 2 * I, b * 2 * I + I + i, np);
-                    act[b * I + i] = g / (1.f + expf(-g)) * u;
-                }
+            for (int64_t b = 0; b < M; b++) swiglu_cols(part, np, M * 2 * I, b * 2 * I, I, lo, hi, act + b * I);
             #pragma omp barrier
             np = mm(act, M, I, PTR(l, DOWN), PTR(l, DOWN_S), n, part, f, t, T);
             #pragma omp barrier
@@ -302,7 +332,8 @@ void decode_step(const int64_t *layers, int64_t L, float *x, float *h, float *qk
 @lru_cache(maxsize=None)
 def step_library() -> tuple[ctypes.CDLL | None, str]:
     "The one-call step's C, built once per process (chapter 15d's `build_c_library`): `(library, '')` or `(None, why)`."
-    source = C_ELEMENTWISE + C_EXP + C_PAGED + C_GEMV + C_ROWS + C_GEMV_PARTS + C_INT8_ROW + C_STEP_PARTS + C_STEP
+    source = (C_ELEMENTWISE + C_EXP + C_PAGED + C_GEMV + C_ROWS + C_GEMV_PARTS + C_INT8_ROW + C_SWIGLU + C_STEP_PARTS
+              + C_STEP)
     lib, why = build_c_library("c_step", source)
     if lib is None: return None, why
     P, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
