@@ -124,7 +124,15 @@ static inline __m256 exp8(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+/* silu(g) * u, 8 lanes: the sigmoid from e^-|g|, inside exp8's range (1 / (1 + e) for g >= 0, e / (1 + e) below). */
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_andnot_ps(_mm256_set1_ps(-0.f), g)));
+    __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+    __m256 s = _mm256_blendv_ps(_mm256_mul_ps(e, inv), inv, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+    return _mm256_mul_ps(_mm256_mul_ps(g, s), u);
+}
 """
+
 
 # %% ../../nbs/15d_c_decode.ipynb #583afaf1
 C_PAGED = r"""

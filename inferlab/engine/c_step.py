@@ -83,6 +83,7 @@ static inline __attribute__((always_inline)) void tile16(const float *x, int64_t
    of x. A block's 8 lines of 16 columns fit in one set of the L1 cache (8 ways) even where W's rows are a multiple
    of 4 KB long and all 8 fall in the same set (the LM head's 16 KB rows). Each y[m, c] is one chain of fused
    multiply-adds in k order from 0, whatever M; the tail columns run it one lane wide. */
+#define TILE(MB) tile16(xm, K, b0, b1, W + c, N, ym, MB, b0 == k0)
 static void rows_part(const float *x, int64_t M, int64_t K, int64_t k0, int64_t k1, const float *W, int64_t N,
                       float *y) {
     int64_t v1 = N / 16 * 16;
@@ -91,12 +92,8 @@ static void rows_part(const float *x, int64_t M, int64_t K, int64_t k0, int64_t 
         for (int64_t c = 0; c < v1; c += 16)
             for (int64_t m = 0; m < M; m += 4) {
                 const float *xm = x + m * K; float *ym = y + m * N + c;
-                switch (M - m) {                                 /* constant MB: the sums stay in registers */
-                    case 1: tile16(xm, K, b0, b1, W + c, N, ym, 1, b0 == k0); break;
-                    case 2: tile16(xm, K, b0, b1, W + c, N, ym, 2, b0 == k0); break;
-                    case 3: tile16(xm, K, b0, b1, W + c, N, ym, 3, b0 == k0); break;
-                    default: tile16(xm, K, b0, b1, W + c, N, ym, 4, b0 == k0);
-                }
+                int64_t mb = M - m;                    /* MB a constant in each call: the sums stay in registers */
+                if (mb >= 4) TILE(4); else if (mb == 3) TILE(3); else if (mb == 2) TILE(2); else TILE(1);
             }
     }
     for (int64_t m = 0; m < M; m++) for (int64_t c = v1; c < N; c++) y[m * N + c] = 0.f;
@@ -104,6 +101,7 @@ static void rows_part(const float *x, int64_t M, int64_t K, int64_t k0, int64_t 
         for (int64_t m = 0; m < M; m++)
             for (int64_t c = v1; c < N; c++) y[m * N + c] = fmaf(x[m * K + k], W[k * N + c], y[m * N + c]);
 }
+#undef TILE
 """
 
 # %% ../../nbs/15f_c_step.ipynb #6759d625
@@ -177,16 +175,8 @@ static inline void w8_output(const float *x, int64_t M, const int8_t *wn, float 
 
 # %% ../../nbs/15f_c_step.ipynb #5a1c0e7d
 C_SWIGLU = r"""
-/* silu(g) * u, 8 lanes: the sigmoid from e^-|g|, inside exp8's range (1 / (1 + e) for g >= 0, e / (1 + e) below). */
-static inline __m256 swiglu8(__m256 g, __m256 u) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_andnot_ps(_mm256_set1_ps(-0.f), g)));
-    __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
-    __m256 s = _mm256_blendv_ps(_mm256_mul_ps(e, inv), inv, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
-    return _mm256_mul_ps(_mm256_mul_ps(g, s), u);
-}
-/* act[lo:hi] = silu(gate) * up of one row, both summed from the gate/up matmul's parts (gate: columns off..off+I-1 of
-   the part rows, up: the next I), 8 columns at a time; the last few through the same lanes, zero-padded, so every
-   column gets the same arithmetic whatever the thread count. */
+/* act[lo:hi] = silu(gate) * up of one row, both summed from the gate/up parts (gate: columns off.., up: off + I..),
+   8 columns at a time (15d's swiglu8); the last few zero-padded through the same lanes, the same arithmetic. */
 static void swiglu_cols(const float *part, int parts, int64_t MN, int64_t off, int64_t I, int64_t lo, int64_t hi,
                         float *act) {
     int64_t i = lo;
@@ -200,9 +190,8 @@ static void swiglu_cols(const float *part, int parts, int64_t MN, int64_t off, i
     }
     if (i < hi) {
         float g[8] = {0}, u[8] = {0}, y[8];
-        for (int64_t c = i; c < hi; c++) {
-            g[c - i] = summed(part, MN, off + c, parts); u[c - i] = summed(part, MN, off + I + c, parts);
-        }
+        for (int64_t c = i; c < hi; c++)
+            g[c - i] = summed(part, MN, off + c, parts), u[c - i] = summed(part, MN, off + I + c, parts);
         _mm256_storeu_ps(y, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
         for (int64_t c = i; c < hi; c++) act[c] = y[c - i];
     }
