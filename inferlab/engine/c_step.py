@@ -28,7 +28,6 @@ C_GEMV = f"#define KCHUNKS {KCHUNKS}\n" + r"""
 #include <stdlib.h>
 #include <immintrin.h>
 #include <omp.h>
-
 /* One row, inputs k0..k1-1: y[0:N] = x[k0:k1] @ W[k0:k1, :], W K-major [K, N] (the packed model's `weight_np`).
    Four rows of W stream through at a time, whole, into the N outputs; the next four rows' lines are asked for
    early. Each y[c] is one chain of fused multiply-adds in k order from 0; the tail columns run it one lane wide. */
@@ -77,7 +76,6 @@ static inline __attribute__((always_inline)) void tile16(const float *x, int64_t
     }
     for (int i = 0; i < 2 * MB; i++) _mm256_storeu_ps(y + i / 2 * N + i % 2 * 8, a[i]);
 }
-
 /* M rows, inputs k0..k1-1: y[m, 0:N] = x[m, k0:k1] @ W[k0:k1, :], W K-major [K, N] (the packed model's
    `weight_np`), y row-major [M, N]. W in blocks of 8 rows; within a block, 16 columns at a time for every four rows
    of x. A block's 8 lines of 16 columns fit in one set of the L1 cache (8 ways) even where W's rows are a multiple
@@ -113,19 +111,16 @@ static void gemv_part(const float *x, int64_t M, int64_t K, const float *W, int6
     if (M == 1) row_part(x, k0, k1, W, N, part + j * N);
     else rows_part(x, M, K, k0, k1, W, N, part + j * M * N);
 }
-
 /* Thread t of T's parts of a matmul, [KCHUNKS t / T, KCHUNKS (t+1) / T). */
 static void my_parts(const float *x, int64_t M, int64_t K, const float *W, int64_t N, float *part, int t, int T) {
     for (int64_t j = KCHUNKS * t / T; j < KCHUNKS * (t + 1) / T; j++) gemv_part(x, M, K, W, N, part, j);
 }
-
 /* Output i (= m N + c) of a matmul: its `parts` parts summed in one order, whatever the thread count. */
 static inline float summed(const float *part, int64_t MN, int64_t i, int parts) {
     float s = part[i];
     for (int j = 1; j < parts; j++) s += part[j * MN + i];
     return s;
 }
-
 /* Thread t of T's share [lo, hi) of n columns, in pieces of 16 (a cache line: no two threads write one). */
 static inline void share(int64_t n, int t, int T, int64_t *lo, int64_t *hi) {
     int64_t u = (n + 15) / 16, a = u * t / T * 16, b = u * (t + 1) / T * 16;
@@ -204,13 +199,11 @@ C_STEP_PARTS = r"""
 enum { QKV, QKV_B, O, O_B, GATE_UP, DOWN, LN1, LN2, Q_NORM, K_NORM, K_CACHE, V_CACHE, WINDOW,
        QKV_S, O_S, GATE_UP_S, DOWN_S, NPTR };                 /* _S: an int8 matmul's scales (NULL: float32) */
 #define PTR(l, i) ((float *)(intptr_t)layers[(l) * NPTR + (i)])
-
 /* The summed matmul output of row b, columns c0..c0+w-1, into out (+ bias, if any). */
 static void sum_cols(const float *part, int parts, int64_t M, int64_t N, int64_t b, int64_t c0, int64_t w,
                      const float *bias, float *out) {
     for (int64_t c = c0; c < c0 + w; c++) out[c] = summed(part, M * N, b * N + c, parts) + (bias ? bias[c] : 0.f);
 }
-
 /* `y = x [M, K] @ W (+ bias)` on `threads` OpenMP threads: the parts, a barrier, then each thread sums its share of
    the columns (the lm_head's call). */
 void gemv(const float *x, int64_t M, int64_t K, const float *W, int64_t N, const float *bias, float *y, int threads) {
@@ -226,7 +219,6 @@ void gemv(const float *x, int64_t M, int64_t K, const float *W, int64_t N, const
     }
     free(part);
 }
-
 /* x [M, K] @ a matmul into `part`. Float32 K-major W (no scales): this thread's parts of the inputs. int8 codes
    W [N, K] with a scale per output: this thread's share of the outputs, whole, into part 0 (f: K floats, a row of
    codes widened once for several rows of x). Returns the number of parts that the op reading it sums. */
@@ -237,7 +229,6 @@ static int mm(const float *x, int64_t M, int64_t K, const float *W, const float 
     for (int64_t n = lo; n < hi; n++) w8_output(x, M, (const int8_t *)W + n * K, f, K, S[n], part + n, N);
     return 1;
 }
-
 /* Row b's KV head kh in layer l: its G query heads, key and value summed from the q/k/v matmul's parts into qkv
    (+ bias), the q/k norms (Qwen3's, where the model has them) and RoPE, and the key and value written at the row's
    slot in the cache. */
@@ -266,11 +257,13 @@ C_STEP = r"""
 /* A whole decode step of a dense model, M rows (one new token each), in one OpenMP parallel region: each op's work
    shared out, a barrier between two ops, a matmul's parts summed by the op that reads them. `layers [L, NPTR]`:
    each layer's addresses and window. x [M, n]: the embeddings, then the residual stream; h [M, n]: the output.
-   Scratch: qkv [M, R], o [M, H D], part [KCHUNKS, M, max(n, R, 2 I)], act [M, I], r [M, n]. */
+   Scratch: qkv [M, R], o [M, H D], part [KCHUNKS, M, max(n, R, 2 I)], act [M, I], r [M, n]. aux_at (or NULL): per
+   layer, where in a row of aux [M, aw] the stream entering it goes (-1: not kept; EAGLE-3's features). */
 void decode_step(const int64_t *layers, int64_t L, float *x, float *h, float *qkv, float *o, float *part, float *act,
                  float *r, const float *cos, const float *sin, const int64_t *slots, const int32_t *tables,
                  int64_t width, const int32_t *lens, int64_t M, int64_t n, int64_t H, int64_t Hkv, int64_t D,
-                 int64_t I, int64_t bs, float eps, float scale, const float *final_norm, int threads) {
+                 int64_t I, int64_t bs, float eps, float scale, const float *final_norm, int threads,
+                 const int64_t *aux_at, float *aux, int64_t aw) {
     int64_t R = (H + 2 * Hkv) * D, G = H / Hkv, maxlen = 1;
     for (int64_t b = 0; b < M; b++) if (lens[b] > maxlen) maxlen = lens[b];
     #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -282,6 +275,9 @@ void decode_step(const int64_t *layers, int64_t L, float *x, float *h, float *qk
         for (int64_t b = t; b < M; b += T) add_rms_norm(x + b * n, NULL, PTR(0, LN1), h + b * n, 1, n, eps);
         #pragma omp barrier
         for (int64_t l = 0; l < L; l++) {
+            if (aux_at && aux_at[l] >= 0)                             /* x: the stream entering layer l */
+                for (int64_t b = t; b < M; b += T)
+                    for (int64_t i = 0; i < n; i++) aux[b * aw + aux_at[l] + i] = x[b * n + i];
             int np = mm(h, M, n, PTR(l, QKV), PTR(l, QKV_S), R, part, f, t, T);
             #pragma omp barrier
             for (int64_t bk = t; bk < M * Hkv; bk += T) qkv_pair(layers, l, part, np, qkv, cos, sin, slots, M,
@@ -327,7 +323,7 @@ def step_library() -> tuple[ctypes.CDLL | None, str]:
     if lib is None: return None, why
     P, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     lib.gemv.argtypes = [P, i64, i64, P, i64, P, P, i32]
-    lib.decode_step.argtypes = [P, i64] + [P] * 11 + [i64, P] + [i64] * 7 + [f32, f32, P, i32]
+    lib.decode_step.argtypes = [P, i64] + [P] * 11 + [i64, P] + [i64] * 7 + [f32, f32, P, i32, P, P, i64]
     for f in (lib.gemv, lib.decode_step): f.restype = None
     return lib, ""
 
@@ -340,8 +336,8 @@ def step_weights(m) -> tuple | None:
 
 class CStepDecoder(CDecoder):
     """Chapter 15d's decode step as one C call (`decode_step`) where every matmul of the model is a float32 K-major
-    or an int8 layer, and a float32 lm_head's matmul in C too (`head`). Elsewhere (int4 layers, EAGLE-3's per-layer
-    features, no C) the steps are chapter 15d's, and `step_off` says why."""
+    or an int8 layer (EAGLE-3's per-layer features too), and a float32 lm_head's matmul in C (`head`). Elsewhere (int4
+    layers, no C) the steps are chapter 15d's, and `step_off` says why."""
     def __init__(self, model, kv_cache: PagedKVCache):
         super().__init__(model, kv_cache)
         self.step_lib, why = step_library()
@@ -372,10 +368,13 @@ class CStepDecoder(CDecoder):
 @patch
 def __call__(self: CStepDecoder, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
              aux_layers=()):
-    "Final-norm hidden states `[M, hidden]` of a decode-only step of M <= 8 rows: one C call (else chapter 15d's)."
-    M = token_ids.shape[0]
-    if aux_layers or self.c_off or self.step_off or M > SMALL_STEP_TOKENS:                  # the buffers hold 8 rows
+    """Final-norm hidden states `[M, hidden]` of a decode-only step of M <= 8 rows: one C call (else chapter 15d's);
+    with `aux_layers`, also the stream entering those layers `[M, n * len]`, in layer order, as chapter 15's."""
+    M, L = token_ids.shape[0], len(self.layers)
+    if self.c_off or self.step_off or M > SMALL_STEP_TOKENS or not set(aux_layers) <= set(range(L)):   # 8 rows
         return CDecoder.__call__(self, token_ids, positions, meta, aux_layers)
+    n, ids = self.buf["x"].shape[1], sorted(set(aux_layers))       # the features' layers, each at its offset in aux
+    at = np.full(L, -1, np.int64); at[ids] = np.arange(len(ids)) * n; aux = np.empty((M, len(ids) * n), np.float32)
     D, b, p = self.D, self.buf, self.ptr
     cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)                  # [M, D]: both halves equal
     b["cos"][:M], b["sin"][:M] = cos.numpy()[:, :D // 2], sin.numpy()[:, :D // 2]
@@ -384,9 +383,10 @@ def __call__(self: CStepDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     tables = np.ascontiguousarray(meta.decode_block_tables.numpy(), np.int32)
     self.step_lib.decode_step(p["layers"], len(self.layers), p["x"], p["h"], p["qkv"], p["o"], p["part"], p["act"],
                               p["r"], p["cos"], p["sin"], p["slots"], _p(tables), tables.shape[1], p["lens"], M,
-                              b["x"].shape[1], self.H, self.Hkv, D, self.I, self.block_size, self.eps, self.scale,
-                              self.final_ptr, torch.get_num_threads())
-    return torch.from_numpy(b["h"][:M].copy())                                        # the buffer is the next step's
+                              n, self.H, self.Hkv, D, self.I, self.block_size, self.eps, self.scale, self.final_ptr,
+                              torch.get_num_threads(), _p(at) if ids else None, _p(aux), aux.shape[1])
+    h = torch.from_numpy(b["h"][:M].copy())                                           # the buffer is the next step's
+    return (h, torch.from_numpy(aux)) if aux_layers else h
 
 @patch
 def c_head(self: CStepDecoder, h: torch.Tensor) -> torch.Tensor:
