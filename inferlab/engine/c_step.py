@@ -373,20 +373,20 @@ def __call__(self: CStepDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     M, L = token_ids.shape[0], len(self.layers)
     if self.c_off or self.step_off or M > SMALL_STEP_TOKENS or not set(aux_layers) <= set(range(L)):   # 8 rows
         return CDecoder.__call__(self, token_ids, positions, meta, aux_layers)
-    n, ids = self.buf["x"].shape[1], sorted(set(aux_layers))       # the features' layers, each at its offset in aux
-    at = np.full(L, -1, np.int64); at[ids] = np.arange(len(ids)) * n; aux = np.empty((M, len(ids) * n), np.float32)
-    D, b, p = self.D, self.buf, self.ptr
+    D, b, p, ids = self.D, self.buf, self.ptr, sorted(set(aux_layers))    # ids: the layers whose input is kept
+    n = b["x"].shape[1]; aux = np.empty((M, len(ids) * n), np.float32) if ids else None     # [M, n * len(ids)]
+    at = np.array([ids.index(l) * n if l in ids else -1 for l in range(L)], np.int64) if ids else None   # offsets
     cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)                  # [M, D]: both halves equal
     b["cos"][:M], b["sin"][:M] = cos.numpy()[:, :D // 2], sin.numpy()[:, :D // 2]
     np.take(self.embed, token_ids.numpy(), axis=0, out=b["x"][:M])                    # the residual stream
     self.slots[:M], self.lens[:M] = meta.slot_mapping.numpy(), meta.decode_seq_lens.numpy()
     tables = np.ascontiguousarray(meta.decode_block_tables.numpy(), np.int32)
-    self.step_lib.decode_step(p["layers"], len(self.layers), p["x"], p["h"], p["qkv"], p["o"], p["part"], p["act"],
+    self.step_lib.decode_step(p["layers"], L, p["x"], p["h"], p["qkv"], p["o"], p["part"], p["act"],
                               p["r"], p["cos"], p["sin"], p["slots"], _p(tables), tables.shape[1], p["lens"], M,
                               n, self.H, self.Hkv, D, self.I, self.block_size, self.eps, self.scale, self.final_ptr,
-                              torch.get_num_threads(), _p(at) if ids else None, _p(aux), aux.shape[1])
+                              torch.get_num_threads(), _p(at), _p(aux), len(ids) * n)
     h = torch.from_numpy(b["h"][:M].copy())                                           # the buffer is the next step's
-    return (h, torch.from_numpy(aux)) if aux_layers else h
+    return (h, torch.from_numpy(aux)) if ids else h
 
 @patch
 def c_head(self: CStepDecoder, h: torch.Tensor) -> torch.Tensor:

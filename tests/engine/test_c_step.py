@@ -93,17 +93,20 @@ def test_int8_model_takes_one_call_and_int4_keeps_15d_step():
 
 @needs_lib
 @pytest.mark.parametrize("aux", [(0, 3, 5), (4, 1), (2, 9)])   # 9: past the last layer, 15d's (NumPy) step
-def test_eagle3_features_through_one_call(aux):
+def test_eagle3_features_through_one_call(aux, monkeypatch):
     "EAGLE-3's per-layer features (`aux_layers`) from the one call: chapter 15's NumPy layout and values, layer 0 exact."
     eng = _engine(load_model(dtype=torch.float32), [list(range(5, 5 + n)) for n in (3, 17, 40)])
     ids, pos, meta, _, _ = prepare_batch(eng.scheduler.schedule(), eng.config.block_size)
     cache, dec = eng.runner.kv_cache, eng.runner.numpy_decoder
-    saved, out = [t.clone() for t in cache.k + cache.v], []
-    for fn in (dec, lambda *a: CDecoder.__call__(dec, *a)):
+    saved, out, fell_back = [t.clone() for t in cache.k + cache.v], [], []
+    reference = CDecoder.__call__
+    monkeypatch.setattr(CDecoder, "__call__", lambda *a: fell_back.append(1) or reference(*a))   # 15d's (NumPy) step
+    for fn in (dec, lambda *a: reference(dec, *a)):
         for t, s in zip(cache.k + cache.v, saved): t.copy_(s)
         out.append(fn(ids, pos, meta, aux))
     (h, a), (h_ref, a_ref) = out
     n, kept = h.shape[1], [l for l in sorted(set(aux)) if l < len(dec.layers)]
+    assert len(fell_back) == (len(kept) < len(set(aux)))                    # the one call, unless a layer is past L
     assert a.shape == a_ref.shape == (3, n * len(kept)) and (h - h_ref).abs().max() < 1e-4
     assert (a - a_ref).abs().max() < 1e-4
     if kept[0] == 0: assert torch.equal(a[:, :n], a_ref[:, :n])            # the embeddings, copied exactly
