@@ -12,10 +12,10 @@ from ..model.layers import attention_mask
 from ..model.generate import KVCache
 
 # %% auto #0
-__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'slots_from_block_table', 'kv_scale', 'kv_quantize', 'calibrate_kv_scales',
-           'store_kv_reference', 'gather_kv', 'prefill_plan', 'paged_prefill_reference', 'decode_plan',
-           'paged_decode_reference', 'blocks_read', 'attention_intensity', 'decode_kv_bytes',
-           'online_softmax_attention', 'TorchAttention']
+__all__ = ['KV_CACHE_DTYPES', 'KV_QMAX', 'SPLIT_MIN_QUERIES', 'slots_from_block_table', 'kv_scale', 'kv_quantize',
+           'calibrate_kv_scales', 'store_kv_reference', 'gather_kv', 'prefill_plan', 'causal_after_prefix',
+           'paged_prefill_reference', 'decode_plan', 'paged_decode_reference', 'blocks_read', 'attention_intensity',
+           'decode_kv_bytes', 'online_softmax_attention', 'TorchAttention']
 
 # %% ../../nbs/13_paged_attention.ipynb #d880b557
 def slots_from_block_table(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -78,20 +78,34 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     n_blocks = -(-length // block_size)
     return cache[block_table[:n_blocks].long()].flatten(0, 1)[:length]   # [n_blocks * block_size, ...] -> [length, ...]
 
+SPLIT_MIN_QUERIES = 256   # CPU: fewer new tokens after a prefix take one masked pass, cheaper than two (ch. 13)
+
 def prefill_plan(cu_seqlens_q, seq_lens, window: int | None = None) -> list[tuple]:
     """What every layer of a prefill step needs, computed once per step: per sequence `(start, end, seq_len, mask)`.
-    `mask` is None when plain causal attention over the sequence's own new tokens is right (no cached prefix, no
-    window), else an additive float32 mask `[n, seq_len]` (0 or -inf), built here once instead of once per layer."""
+    `mask` is None when causal attention needs none: no window, and no cached prefix or (on CPU) `SPLIT_MIN_QUERIES`
+    new tokens or more (`causal_after_prefix`); else an additive float32 mask `[n, seq_len]` (0 or -inf)."""
     cu, lens, plan = cu_seqlens_q.tolist(), seq_lens.tolist(), []
+    cpu = seq_lens.device.type == "cpu"
     for i, L in enumerate(lens):
         s, e = cu[i], cu[i + 1]
         mask = None
-        if e > s and (window or e - s < L):
+        if e > s and (window or (e - s < L and not (cpu and e - s >= SPLIT_MIN_QUERIES))):
             ok = attention_mask(torch.arange(L - (e - s), L, device=seq_lens.device),   # chapter 02's mask
                                      torch.arange(L, device=seq_lens.device), window)           # [n, L]
             mask = torch.zeros(ok.shape, device=ok.device).masked_fill_(~ok, float("-inf"))
         plan.append((s, e, L, mask))
     return plan
+
+def causal_after_prefix(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+    """Causal attention of the last n of L positions, `q [1, Hq, n, d]` over `k, v [1, Hkv, L, d]` (L = prefix + n),
+    on CPU and with no mask: the prefix's keys all visible, the queries' own keys causal (the masked half skipped),
+    two passes of torch's CPU flash attention merged by their log-sum-exps l1, l2: o = s o1 + (1 - s) o2,
+    s = sigmoid(l1 - l2) = e^l1 / (e^l1 + e^l2)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu     # what SDPA runs on CPU; it returns the LSE
+    o1, l1 = flash(q, k[:, :, :prefix], v[:, :, :prefix], scale=scale)[:2]              # [1, Hq, n, d], [1, Hq, n]
+    o2, l2 = flash(q, k[:, :, prefix:], v[:, :, prefix:], is_causal=True, scale=scale)[:2]
+    s = torch.sigmoid(l1 - l2)[..., None]
+    return s * o1 + (1 - s) * o2
 
 def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float,
                             window: int | None = None, k_scale=None, v_scale=None, k_new=None, v_new=None,
@@ -110,8 +124,9 @@ def paged_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq
             if k_new is not None: k[L - (e - s):], v[L - (e - s):] = k_new[s:e].float(), v_new[s:e].float()
         k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]                     # [1, kv_heads, L, head_dim]
         qi = q[s:e].float().transpose(0, 1)[None]                                   # [1, q_heads, n, head_dim]
-        o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=mask is None,
-                                                             scale=scale, enable_gqa=True)
+        if mask is None and e - s < L: o = causal_after_prefix(qi, k, v, L - (e - s), scale)    # CPU: no mask
+        else: o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=mask is None,
+                                                                   scale=scale, enable_gqa=True)
         out[s:e] = o[0].transpose(0, 1).to(q.dtype)                                 # [n, q_heads, head_dim]
     return out
 

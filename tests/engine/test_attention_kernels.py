@@ -12,7 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 from inferlab.model.layers import attention_mask, sdpa_reference
 from inferlab.engine.paged_attention import (TorchAttention, store_kv_reference, paged_prefill_reference,
-    paged_decode_reference, slots_from_block_table)
+    paged_decode_reference, slots_from_block_table, prefill_plan, SPLIT_MIN_QUERIES)
 from inferlab.engine.triton_attention import (TritonAttention, attention_backend, store_kv_triton, paged_prefill_triton,
     paged_decode_triton)
 from inferlab.engine.triton_runtime import interpreter_ready
@@ -38,6 +38,20 @@ def test_prefill_reference_vs_dense(hq, hkv, bs, window):
     out = paged_prefill_reference(*prefill_args(pb, 0.3), window)
     assert out.shape == pb.q.shape and out.dtype == pb.q.dtype
     assert (out - dense_attention(pb, 0.3, window)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 4), (6, 2)])
+def test_prefill_after_a_prefix_without_a_mask(hq, hkv):
+    """On CPU a chunk of SPLIT_MIN_QUERIES new tokens or more after a cached prefix builds no mask: two flash passes
+    merged by their log-sum-exps (`causal_after_prefix`) give dense attention's result; a shorter chunk keeps its
+    mask. Lengths around the threshold, a prefix shorter and longer than the chunk, one sequence with none."""
+    n = SPLIT_MIN_QUERIES
+    pb = make_paged_batch([n + 40, 3 * n + 7, n - 1 + 50, n], q_lens=[n, n + 5, n - 1, n], num_q_heads=hq,
+                          num_kv_heads=hkv, head_dim=32, block_size=16, seed=hq)
+    plan = prefill_plan(pb.cu_seqlens_q, pb.seq_lens)
+    assert [m is None for *_, m in plan] == [True, True, False, True]
+    out = paged_prefill_reference(*prefill_args(pb, 0.3), plan=plan)
+    assert (out - dense_attention(pb, 0.3)).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("hq,hkv,bs,window", [(4, 4, 16, None), (6, 2, 16, 1), (6, 2, 16, 20), (8, 2, 32, 33)])
