@@ -71,6 +71,23 @@ def test_greedy_equals_reference_under_preemption(model, workload, chunked):
     assert st["preemptions"] > 0
     assert out == ref
 
+def test_long_chunks_after_a_prefix(model, tok, monkeypatch):
+    """Chunks of 256 new tokens after a cached prefix (chunked prefill of long prompts; prefix-cache hits on a long
+    stem) attend in two mask-free passes on CPU (chapter 13's `causal_after_prefix`): greedy outputs still equal the
+    reference generate, and that path did run."""
+    from inferlab.engine import paged_attention
+    calls, split = [], paged_attention.causal_after_prefix
+    monkeypatch.setattr(paged_attention, "causal_after_prefix", lambda *a: calls.append(a[3]) or split(*a))
+    ids = tok.encode((data_dir() / "corpus" / "valid.txt").read_text()[:400_000])
+    stem = ids[20_000:20_600]
+    prompts = [ids[2_000:2_700], ids[7_000:8_100], stem + ids[30_000:30_300], stem + ids[40_000:40_280]]
+    params = [SamplingParams(temperature=0, max_tokens=8) for _ in prompts]
+    ref = [generate_one(model, None, p, sp).token_ids for p, sp in zip(prompts, params)]
+    out, st = run_engine(model, prompts, params, max_num_seqs=1, max_num_batched_tokens=256, max_model_len=2048)
+    assert out == ref and st["prefix_hit_tokens"] >= 512           # the last two share the stem's cached blocks
+    assert len(calls) >= 6 * 4 and min(calls) >= 256                 # per layer: every chunk after a first one
+
+
 def test_no_leak_after_abort_and_errors(model, tok):
     eng = LLMEngine(model, tok, EngineConfig(num_kv_blocks=64, max_num_batched_tokens=32))
     free0 = eng.block_manager.num_free_blocks
