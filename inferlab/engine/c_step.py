@@ -29,27 +29,22 @@ C_GEMV = f"#define KCHUNKS {KCHUNKS}\n" + r"""
 #include <immintrin.h>
 #include <omp.h>
 /* One row, inputs k0..k1-1: y[0:N] = x[k0:k1] @ W[k0:k1, :], W K-major [K, N] (the packed model's `weight_np`).
-   Four rows of W stream through at a time, whole, into the N outputs; the next four rows' lines are asked for
-   early. Each y[c] is one chain of fused multiply-adds in k order from 0; the tail columns run it one lane wide. */
+   Eight rows of W stream through at a time, whole, into the N outputs: one load and one store of each 8 outputs
+   per eight rows read. Each y[c] is one chain of fused multiply-adds in k order from 0 (so the grouping does not
+   change the bits); the tail columns and the last rows run it one lane or one row at a time. */
 static void row_part(const float *x, int64_t k0, int64_t k1, const float *W, int64_t N, float *y) {
-    int64_t v1 = N / 16 * 16, k = k0;
+    int64_t v1 = N / 8 * 8, k = k0;
     for (int64_t c = 0; c < N; c++) y[c] = 0.f;
-    for (; k + 4 <= k1; k += 4) {
-        const float *w0 = W + k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
-        __m256 x0 = _mm256_set1_ps(x[k]), x1 = _mm256_set1_ps(x[k + 1]), x2 = _mm256_set1_ps(x[k + 2]),
-               x3 = _mm256_set1_ps(x[k + 3]);
-        int64_t c = 0;
-        for (; c < v1; c += 16) {
-            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(w0 + (4 + j) * N + c), _MM_HINT_T0);
-            for (int64_t i = c; i < c + 16; i += 8) {
-                __m256 a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + i), _mm256_loadu_ps(y + i));
-                a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + i), a);
-                a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + i), a);
-                _mm256_storeu_ps(y + i, _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + i), a));
-            }
+    for (; k + 8 <= k1; k += 8) {
+        const float *w = W + k * N;
+        __m256 s[8];
+        for (int r = 0; r < 8; r++) s[r] = _mm256_set1_ps(x[k + r]);
+        for (int64_t c = 0; c < v1; c += 8) {
+            __m256 a = _mm256_loadu_ps(y + c);
+            for (int r = 0; r < 8; r++) a = _mm256_fmadd_ps(s[r], _mm256_loadu_ps(w + r * N + c), a);
+            _mm256_storeu_ps(y + c, a);
         }
-        for (; c < N; c++)
-            y[c] = fmaf(x[k + 3], w3[c], fmaf(x[k + 2], w2[c], fmaf(x[k + 1], w1[c], fmaf(x[k], w0[c], y[c]))));
+        for (int64_t c = v1; c < N; c++) for (int r = 0; r < 8; r++) y[c] = fmaf(x[k + r], w[r * N + c], y[c]);
     }
     for (; k < k1; k++) for (int64_t c = 0; c < N; c++) y[c] = fmaf(x[k], W[k * N + c], y[c]);
 }
