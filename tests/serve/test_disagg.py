@@ -77,3 +77,21 @@ def test_1p1d_composes_with_fp8_weights_fp8_kv_and_speculation():
     print(f"\n{blocks:.0f} blocks moved: {moved / 2**10:.0f} KiB in fp8, {fp32_bytes / 2**10:.0f} KiB in float32 "
           f"({moved / fp32_bytes:.1%})")
     assert blocks >= 12 and moved <= 0.30 * fp32_bytes and spec_drafts > 0
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "suffix"])
+def test_1p1d_with_each_new_drafter_equals_aggregated(method):
+    """The drafters that read the target's features (EAGLE-3, DFlash) or a request's own tokens (suffix) under 1P1D,
+    half the prompts prefilled remotely: the text is the aggregated server's, KV moves, and drafts are accepted."""
+    from inferlab.model.config import data_dir
+    text = (data_dir() / "corpus" / "valid.txt").read_text()
+    ps = [text[i * 1500:i * 1500 + (900 if i % 2 else 120)] for i in range(12)]      # half prefill remotely
+    flags = ["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": 4})]
+    with serve_process("--num-kv-blocks", "2048", *flags) as (base, _):
+        want = complete_all(base, ps, 24)
+    with serve_process("--disaggregation", "1P1D", *DISAGG, *flags) as (base, proc):
+        got = complete_all(base, ps, 24)
+        blocks = metric(base, "inferlab:kv_transfer_blocks_total")
+        accepted = metric(base, "inferlab:spec_decode_num_accepted_tokens_total")
+    assert all(isinstance(t, str) for t in want + got) and got == want
+    assert blocks >= 6 and accepted > 0
