@@ -143,6 +143,7 @@ def spec_editing(model, tokenizer, first, edited, methods=("ngram", "suffix"), s
                 for m in (order if (i + r) % 2 == 0 else order[::-1]):
                     n, s = decode_seconds(engines[m], [p], max_tokens); toks[m] += n; secs[m] += s
             for m in order: rates[m][turn].append(toks[m] / secs[m])
+        # `before` is the last turn's: the edited turn's accepted length
         accepted |= {m: _turn_accepted_length(b, engines[m].stats()) for m, b in before.items()}
     return {m: {t: statistics.median(v) for t, v in rates[m].items()} | dict(accepted_length=accepted.get(m, 1.0))
             for m in order}

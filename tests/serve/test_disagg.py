@@ -89,7 +89,7 @@ def test_1p1d_with_each_new_drafter_equals_aggregated(method):
     flags = ["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": 4})]
     with serve_process("--num-kv-blocks", "2048", *flags) as (base, _):
         want = complete_all(base, ps, 24)
-    with serve_process("--disaggregation", "1P1D", *DISAGG, *flags) as (base, proc):
+    with serve_process("--disaggregation", "1P1D", *DISAGG, *flags) as (base, _):
         got = complete_all(base, ps, 24)
         blocks = metric(base, "inferlab:kv_transfer_blocks_total")
         accepted = metric(base, "inferlab:spec_decode_num_accepted_tokens_total")
