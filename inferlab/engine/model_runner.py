@@ -19,6 +19,7 @@ from .scheduler import ScheduledBatch
 from .paged_attention import TorchAttention, decode_plan, prefill_plan, KV_CACHE_DTYPES
 from .triton_attention import attention_backend
 from .cpu_threads import CpuThreads
+from .cpu_gemm import many_rows_matmul
 from fastcore.basics import patch
 from .cuda_graphs import DecodeGraphs, graphs_unsupported
 from ..model.sampling import sample_rows
@@ -137,15 +138,14 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     ('Few rows', below): one matrix-matrix product, which streams `w` from memory once for all M rows; except 2-3 rows
     by a wide `w` (N >= 2048: an lm_head), where packing `w` into panels costs 3-4 row-by-row products, so each row
     takes its own matrix-vector product."""
-    M = x.shape[0]
-    if M == 1 or M > 3 or w.shape[1] < 2048: return x @ w
+    if (M := x.shape[0]) == 1 or M > 3 or w.shape[1] < 2048: return x @ w
     out = np.empty((M, w.shape[1]), np.float32)
     for i in range(M): np.matmul(x[i], w, out=out[i])
     return out
 
 class KMajorLinear(nn.Module):
     """`y = x @ W^T + b` with `W^T` stored contiguously `[in, out]`; a few float32 rows (decode-sized) on CPU go
-    through NumPy's BLAS."""
+    through NumPy's BLAS, more (a prefill) through chapter 14a's oneDNN GEMM on the same memory."""
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)   # [in, out]
@@ -164,7 +164,7 @@ class KMajorLinear(nn.Module):
         if self.weight_np is not None and x.dtype == torch.float32 and x.numel() <= SMALL_STEP_TOKENS * x.shape[-1]:
             x2 = x.detach().reshape(-1, x.shape[-1]).contiguous().numpy()
             y = torch.from_numpy(few_rows_matmul(x2, self.weight_np)).view(*x.shape[:-1], self.weight_np.shape[1])
-        else: y = x @ self.weight_t
+        else: y = many_rows_matmul(x, self.weight_t)
         return y if self.bias is None else y + self.bias
 
 def pack_model(model, k_major: bool | None = None):

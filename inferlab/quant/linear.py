@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from . import block_formats as qblock
+from ..engine.cpu_gemm import many_rows_matmul
 
 # %% auto #0
 __all__ = ['BLOCK_FORMATS', 'BLOCK_ALIASES', 'WEIGHT_FORMATS', 'ACT_FORMATS', 'FP8_MAX', 'KERNEL_MAX_ROWS', 'WeightSpec',
@@ -221,7 +222,8 @@ def _block_dequantize(m) -> torch.Tensor:
 class QuantLinear(nn.Module):
     """A linear layer holding quantized weights: codes (int8, int4 packed two per byte, float8, MX/NVFP4) and scales.
     `forward` tries this layer's `kernel(x, self)` (default `cpu_packed_matmul`; None: no fast path), and where it
-    returns None runs the reference: optional activation fake-quant, dequantize, `F.linear` (any device)."""
+    returns None runs the reference: optional activation fake-quant, dequantize, a GEMM (any device; chapter
+    14a's oneDNN for a prefill's float32 rows on CPU)."""
     _quant_buffers = ("qweight", "scale", "tensor_scale")
 
     def __init__(self, in_features: int, out_features: int, weights: str | None, activations: str | None = None,
@@ -270,7 +272,8 @@ class QuantLinear(nn.Module):
             out = self.kernel(x, self)
             if out is not None: return out
         if self.activations is not None: x = quantize_activation(x, self.activations)
-        return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return many_rows_matmul(x, self.dequantize().to(x.dtype).t(), bias)   # [N, K] read through a K-major view
 
 # %% ../../nbs/22a_quant_linear.ipynb #0d4e3f2f
 @patch

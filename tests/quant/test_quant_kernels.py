@@ -72,8 +72,10 @@ def test_reference_matches_quantlinear(weights, act, M, N, K):
     q = layer(weights, N, K, act)
     x = inputs(M, K)
     ref, ql = reference(q, x), q(x)
-    if act is None: assert torch.equal(ref, ql)             # the same dequantize-then-F.linear, bit for bit
-    else: assert rel_err(ref, ql) < 1e-6                    # integer sum then scales vs fake-quant floats
+    # the same dequantized weight; QuantLinear's GEMM for 2+ float32 CPU rows is oneDNN's (chapter 14a), which sums
+    # in another order than F.linear's MKL: one row is the same bits, more agree to float32 rounding
+    if act is None and M == 1: assert torch.equal(ref, ql)
+    else: assert rel_err(ref, ql) < 1e-6                    # and integer sum then scales vs fake-quant floats
     x3 = inputs(2 * M * 3, K).view(2, 3 * M, K)              # [batch, tokens, K]
     assert reference(q, x3).shape == (2, 3 * M, N) and rel_err(reference(q, x3), q(x3)) < 1e-6
 
