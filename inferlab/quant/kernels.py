@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from functools import partial
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from .linear import QuantLinear, parse_weight_format, unpack_int4
 from .block_formats import bits_per_element
 from ..model.hardware import GPUSpec, H200          # the peak figures of chapter 09's table
+from ..engine.cpu_gemm import many_rows_matmul
 from ..engine.triton_runtime import LazyKernel, dot_dtype, import_triton, interpreter_ready
 
 # %% auto #0
@@ -72,7 +72,7 @@ def w4a16_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.
     _check_int4(x, qweight, scale, group_size)
     codes = unpack_int4(qweight)                                          # [N, Kp] int8 in [-8, 7]
     w = codes.float() * scale.float().repeat_interleave(group_size, 1)    # [N, Kp]
-    return F.linear(x, w[:, :x.shape[-1]].to(x.dtype))
+    return many_rows_matmul(x, w[:, :x.shape[-1]].to(x.dtype).t())          # QuantLinear's GEMM (ch. 14a)
 
 # %% ../../nbs/24_quant_kernels.ipynb #2f9572ab
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +109,7 @@ def w8a16_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.
     if x.shape[-1] != qweight.shape[1]:
         raise ValueError(f"x: last dimension {x.shape[-1]} != qweight's K = {qweight.shape[1]}")
     w = qweight.float() * scale.float().reshape(-1, 1)                  # [N, K]
-    return F.linear(x, w.to(x.dtype))
+    return many_rows_matmul(x, w.to(x.dtype).t())                       # QuantLinear's GEMM (ch. 14a)
 
 def fp8_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     "FP8 E4M3 weights `[N, K]`, fp32 scale `[N]` (per channel) or `[1]` (per tensor), 16/32-bit activations."
@@ -136,7 +136,7 @@ def nvfp4_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, block_scale: 
     vals = torch.tensor(E2M1_VALUES, device=x.device)[codes.long()]                    # [N, Kp] float32
     s = block_scale.view(torch.float8_e4m3fn).float() * tensor_scale.float().reshape(1, 1)   # [N, Kp/16]
     w = vals * s.repeat_interleave(NVFP4_BLOCK, 1)
-    return F.linear(x, w[:, :x.shape[-1]].to(x.dtype))
+    return many_rows_matmul(x, w[:, :x.shape[-1]].to(x.dtype).t())          # QuantLinear's GEMM (ch. 14a)
 
 # %% ../../nbs/24_quant_kernels.ipynb #c9a0bf93
 def _matmul_4bit_kernel(x_ptr, w_ptr, s_ptr, ts_ptr, out_ptr, M, N, K, KH, tiles_per_split,
