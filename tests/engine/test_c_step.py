@@ -39,7 +39,7 @@ def _close(hs, kvs):
 def test_default_engine_takes_one_call_on_tiny_dense():
     eng = _engine(load_model(dtype=torch.float32), [list(range(5, 5 + n)) for n in (1, 15, 16, 17, 40, 70, 3)])
     dec = eng.runner.numpy_decoder
-    assert type(dec) is CStepDecoder and dec.step_off is None and dec.uses_blas is False
+    assert isinstance(dec, CStepDecoder) and dec.step_off is None and dec.uses_blas is False
     _close(*_step(eng))
     h = torch.randn(3, dec.head_w.shape[0])
     assert torch.allclose(dec.head(h), dec.lm_head(h), atol=1e-4)           # the logits' matmul in C
@@ -59,7 +59,7 @@ def test_verification_rows_and_greedy_tokens_match_15d():
     outs = []
     for off in (None, "forced off for the test"):
         llm = LLM("tiny-dense", dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 4})
-        assert type(llm.engine.runner.numpy_decoder) is CStepDecoder
+        assert isinstance(llm.engine.runner.numpy_decoder, CStepDecoder)
         llm.engine.runner.numpy_decoder.step_off = off
         outs.append([o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))])
     assert outs[0] == outs[1]
@@ -89,7 +89,7 @@ def test_int8_model_takes_one_call_and_int4_keeps_15d_step():
     assert isinstance(dec.head, torch.nn.Module)                             # an int8 lm_head keeps its kernel
     _close(*_step(eng))                                                        # int8 rows read in the step
     w4 = LLMEngine(quantize_model(fp32, "w4a16"), None, EngineConfig()).runner.numpy_decoder
-    assert type(w4) is CStepDecoder and "layer 0" in w4.step_off
+    assert isinstance(w4, CStepDecoder) and "layer 0" in w4.step_off
 
 @needs_lib
 @pytest.mark.parametrize("aux", [(0, 3, 5), (4, 1), (2, 9)])   # 9: past the last layer, 15d's (NumPy) step
