@@ -17,7 +17,8 @@ needs_lib = pytest.mark.skipif(rows_library()[0] is None or step_library()[0] is
                                reason=f"no C library: {rows_library()[1] or step_library()[1]}")
 
 @needs_lib
-@pytest.mark.parametrize("M,K,N", [(9, 256, 4096), (13, 300, 67), (24, 704, 256), (11, 6, 16), (1, 37, 33)])
+@pytest.mark.parametrize("M,K,N", [(9, 256, 4096), (13, 300, 67), (24, 704, 256), (11, 6, 16), (1, 37, 33),
+                                   (31, 64, 4096), (64, 2048, 48)])                # 31, 64: the packed pieces
 def test_kernel_has_the_one_call_steps_bits(M, K, N):
     rng = np.random.default_rng(M * K + N)
     x, w = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
@@ -34,7 +35,7 @@ def test_kernel_has_the_one_call_steps_bits(M, K, N):
 def test_routes_by_rows(monkeypatch):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 80), dtype=np.float32)
-    for M in (1, 8, 9, ROWS_C_MAX, ROWS_C_MAX + 1, 70):
+    for M in (1, 8, 9, 30, ROWS_C_MAX, ROWS_C_MAX + 1, 90):
         x = rng.standard_normal((M, 64), dtype=np.float32)
         y = rows_matmul(x, w)
         assert y.shape == (M, 80) and np.abs(y - x.astype(np.float64) @ w).max() < 1e-4
@@ -78,7 +79,7 @@ def test_one_thread_steps_match_torch_path(quant):
             h_ref = CDecoder(one.runner.model, cache)(ids, pos, meta)                     # 15d's matmuls
             assert (h - h_ref).abs().max() < 1e-4 and (h - h.roll(1, 0)).abs().max() > 0.01
             assert torch.equal(dec.head(h), torch.cat([dec.head(r[None]) for r in h]))
-        ours = _greedy(_engine(model, threads=1))
-        torch_path = _greedy(_engine(model, threads=2))                                   # oneDNN's steps
+        ours = [_greedy(_engine(model, n, threads=1)) for n in (12, 40)]                # 40: the packed pieces
+        torch_path = [_greedy(_engine(model, n, threads=2)) for n in (12, 40)]           # oneDNN's steps
     finally: torch.set_num_threads(saved)
-    assert ours == torch_path and len(ours) == 12
+    assert ours == torch_path and [len(o) for o in ours] == [12, 40]
