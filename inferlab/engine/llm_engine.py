@@ -27,7 +27,7 @@ from .scheduler import Scheduler, SchedulerConfig, ScheduledBatch
 from .model_runner import ModelRunner, sample_batch, pack_model
 from .prompt_logprobs import take_prompt_rows
 from .paged_attention import calibrate_kv_scales
-from .c_rows import CRowsDecoder
+from .c_flash import CFlashDecoder
 from .paged_attention import KV_CACHE_DTYPES
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
@@ -101,10 +101,10 @@ def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
 def local_runner(model, num_blocks: int, config: EngineConfig, max_model_len: int) -> ModelRunner:
     """The default part that runs the model: this process's `ModelRunner` (chapter 15), its KV scales calibrated, its
     CPU decode steps in C where chapter 15d's functions build (one call a step: 15f; larger steps on one
-    thread with 15g's matmuls; else in NumPy)."""
+    thread with 15g's matmuls; else in NumPy); prefill attention in C (15h)."""
     scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
     return ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype, scales, config.enforce_eager,
-                       decoder=CRowsDecoder)
+                       decoder=CFlashDecoder)
 
 # %% ../../nbs/16_llm_engine.ipynb #c5c2b1af
 class LLMEngine(Engine):

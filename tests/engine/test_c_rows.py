@@ -67,7 +67,7 @@ def test_one_thread_steps_match_torch_path(quant):
     try:
         one = _engine(model, threads=1)
         dec = one.runner.numpy_decoder
-        assert type(dec) is CRowsDecoder and dec.step_off is None and not dec.takes(12, 2)
+        assert isinstance(dec, CRowsDecoder) and dec.step_off is None and not dec.takes(12, 2)
         assert dec.takes(12, 1) == (quant is None)                 # int8 layers: larger steps keep torch's path
         if quant is None:
             one.step()                                                                    # the prefill
