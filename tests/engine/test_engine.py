@@ -73,9 +73,11 @@ def test_greedy_equals_reference_under_preemption(model, workload, chunked):
 
 def test_long_chunks_after_a_prefix(model, tok, monkeypatch):
     """Chunks of 256 new tokens after a cached prefix (chunked prefill of long prompts; prefix-cache hits on a long
-    stem) attend in two mask-free passes on CPU (chapter 13's `causal_after_prefix`): greedy outputs still equal the
-    reference generate, and that path did run."""
-    from inferlab.engine import paged_attention
+    stem): greedy outputs equal the reference generate through the engine's C prefill (chapter 15h), and through
+    chapter 13's path, whose chunks attend in two mask-free passes on CPU (`causal_after_prefix`), which did run."""
+    from inferlab.engine import paged_attention, llm_engine
+    from inferlab.engine.c_rows import CRowsDecoder
+    from inferlab.engine.c_flash import flash_library
     calls, split = [], paged_attention.causal_after_prefix
     monkeypatch.setattr(paged_attention, "causal_after_prefix", lambda *a: calls.append(a[3]) or split(*a))
     ids = tok.encode((data_dir() / "corpus" / "valid.txt").read_text()[:400_000])
@@ -83,8 +85,13 @@ def test_long_chunks_after_a_prefix(model, tok, monkeypatch):
     prompts = [ids[2_000:2_700], ids[7_000:8_100], stem + ids[30_000:30_300], stem + ids[40_000:40_280]]
     params = [SamplingParams(temperature=0, max_tokens=8) for _ in prompts]
     ref = [generate_one(model, None, p, sp).token_ids for p, sp in zip(prompts, params)]
-    out, st = run_engine(model, prompts, params, max_num_seqs=1, max_num_batched_tokens=256, max_model_len=2048)
+    run = lambda: run_engine(model, prompts, params, max_num_seqs=1, max_num_batched_tokens=256, max_model_len=2048)
+    out, st = run()
     assert out == ref and st["prefix_hit_tokens"] >= 512           # the last two share the stem's cached blocks
+    assert not calls or flash_library()[0] is None                   # the C took every chunk
+    monkeypatch.setattr(llm_engine, "CFlashDecoder", CRowsDecoder)   # the runner's decoder: chapter 13's prefill
+    out, st = run()
+    assert out == ref and st["prefix_hit_tokens"] >= 512
     assert len(calls) >= 6 * 4 and min(calls) >= 256                 # per layer: every chunk after a first one
 
 
