@@ -137,6 +137,39 @@ static inline __m256 swiglu8(__m256 g, __m256 u) {
 # %% ../../nbs/15d_c_decode.ipynb #583afaf1
 C_PAGED = r"""
 #define FMA(a, b, acc) _mm256_fmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc)
+/* The scores of one query head (qh: D floats) against 8 positions (their keys at k + at[0..7]), scaled, into
+   p[0..7]: eight 8-lane dot products, their lanes summed by one transpose-add. */
+static inline void scores8(const float *qh, const float *k, const int64_t *at, int64_t D, float scale, float *p) {
+    __m256 d[8];
+    for (int r = 0; r < 8; r++) d[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8)
+        for (int r = 0; r < 8; r++) d[r] = FMA(qh + i, k + at[r] + i, d[r]);
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+    __m256 c = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
+    _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+}
+/* One head's softmax over its n scores ph (8 floats of room past n), then out[0..D) = the values at v + at[j]
+   weighted by it: a max-subtracted exp8 eight at a time, the weighted sum 32 lanes at a time in registers. */
+static inline void softmax_values(float *ph, int64_t n, const float *v, const int64_t *at, int64_t D, float *out) {
+    float mx = -INFINITY, z[8];
+    for (int64_t j = 0; j < n; j++) mx = ph[j] > mx ? ph[j] : mx;
+    __m256 s8 = _mm256_setzero_ps(), acc[4];
+    for (int64_t j = 0; j < n; j += 8) {                          /* softmax numerators and their sum */
+        _mm256_storeu_ps(z, exp8(_mm256_sub_ps(_mm256_loadu_ps(ph + j), _mm256_set1_ps(mx))));
+        for (int r = n - j; r < 8; r++) z[r] = 0.f;               /* lanes past the end weigh nothing */
+        _mm256_storeu_ps(ph + j, _mm256_loadu_ps(z)); s8 = _mm256_add_ps(s8, _mm256_loadu_ps(z));
+    }
+    __m256 inv = _mm256_set1_ps(1.f / hsum8(s8));
+    for (int64_t i0 = 0; i0 < D; i0 += 32) {
+        int w = D - i0 < 32 ? (int)(D - i0) / 8 : 4; const float *vb = v + i0;
+        for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j++)
+            for (int r = 0; r < w; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ph[j]), _mm256_loadu_ps(vb + at[j] + 8 * r), acc[r]);
+        for (int r = 0; r < w; r++) _mm256_storeu_ps(out + i0 + 8 * r, _mm256_mul_ps(acc[r], inv));
+    }
+}
 /* One (row b, KV head kh) pair of a decode: the row's one query per head, q [B, H, D] (row stride qs), against its
    keys and values in the paged cache (positions lo..L-1) into out [B, H, D]. Its G = H / Hkv query heads share each
    key and value read. The pair is computed whole, in one order: its bits never depend on which thread runs it, on the
@@ -147,60 +180,58 @@ static void paged_pair(const float *q, int64_t qs, const float *kc, const float 
     int64_t G = H / Hkv, L = lens[b], lo = window > 0 && L > window ? L - window : 0;
     int64_t n = L - lo, m = n + 8;                               /* p's stride per query head */
     const int32_t *t = tables + b * width; const float *qg = q + b * qs + kh * G * D;   /* G query heads */
-    for (int64_t j = 0; j < m; j++) {                            /* past the end: the last position again */
-        int64_t pos = lo + (j < n ? j : n - 1);
-        at[j] = ((int64_t)t[pos / bs] * bs + pos % bs) * Hkv * D + kh * D;
+    for (int64_t j = 0, blk = lo / bs, off = lo % bs; j < n; j++) {   /* block by block: no division a position */
+        at[j] = ((int64_t)t[blk] * bs + off) * Hkv * D + kh * D;
+        if (++off == bs) { off = 0; blk++; }
     }
-    for (int64_t j = 0; j < n; j += 8)                           /* scores, 8 positions at a time: their */
-        for (int64_t g = 0; g < G; g++) {                        /* lanes summed by one transpose-add */
-            __m256 d[8];
-            for (int r = 0; r < 8; r++) d[r] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < D; i += 8)
-                for (int r = 0; r < 8; r++) d[r] = FMA(qg + g * D + i, kc + at[j + r] + i, d[r]);
-            __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
-            __m256 c = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
-            __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
-            _mm256_storeu_ps(p + g * m + j, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
-        }
-    for (int64_t g = 0; g < G; g++) {
-        float *pg = p + g * m, mx = -INFINITY, z[8];
-        for (int64_t j = 0; j < n; j++) mx = pg[j] > mx ? pg[j] : mx;
-        __m256 s8 = _mm256_setzero_ps(), acc[4];
-        for (int64_t j = 0; j < n; j += 8) {                      /* softmax numerators and their sum */
-            _mm256_storeu_ps(z, exp8(_mm256_sub_ps(_mm256_loadu_ps(pg + j), _mm256_set1_ps(mx))));
-            for (int r = n - j; r < 8; r++) z[r] = 0.f;           /* lanes past the end weigh nothing */
-            _mm256_storeu_ps(pg + j, _mm256_loadu_ps(z)); s8 = _mm256_add_ps(s8, _mm256_loadu_ps(z));
-        }
-        __m256 inv = _mm256_set1_ps(1.f / hsum8(s8));
-        for (int64_t i0 = 0; i0 < D; i0 += 32) {                  /* weights times the values, 32 lanes */
-            int w = D - i0 < 32 ? (int)(D - i0) / 8 : 4; const float *vb = vc + i0;   /* in registers */
-            for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-            for (int64_t j = 0; j < n; j++)
-                for (int r = 0; r < w; r++)
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(pg[j]), _mm256_loadu_ps(vb + at[j] + 8*r), acc[r]);
-            for (int r = 0; r < w; r++) _mm256_storeu_ps(out + b * H * D + (kh * G + g) * D + i0 + 8 * r,
-                                                         _mm256_mul_ps(acc[r], inv));
-        }
-    }
+    for (int64_t j = n; j < m; j++) at[j] = at[n - 1];           /* past the end: the last position again */
+    for (int64_t j = 0; j < n; j += 8)
+        for (int64_t g = 0; g < G; g++) scores8(qg + g * D, kc, at + j, D, scale, p + g * m + j);
+    for (int64_t g = 0; g < G; g++) softmax_values(p + g * m, n, vc, at, D, out + b * H * D + (kh * G + g) * D);
 }
 """
 
 # %% ../../nbs/15d_c_decode.ipynb #6afef73d
 C_PAGED_ROWS = r"""
-/* Every (row, KV head) pair, dealt to `threads` OpenMP threads dynamically. */
+/* One row b of a decode, every head (paged_decode's unit): a position's keys for all KV heads lie together (Hkv D
+   floats), so the scores go a position at a time through every head and each block of the cache streams from
+   memory once, the next 8 positions' keys and these positions' values prefetched meanwhile (the values into L2, for
+   the weighted sums after). The same sums as paged_pair's, in the same order: the same bits. p, at: scratch for
+   H (L + 8) floats and L + 16 offsets. */
+static void paged_row(const float *q, int64_t qs, const float *kc, const float *vc, const int32_t *tables,
+                      int64_t width, const int32_t *lens, int64_t b, int64_t H, int64_t Hkv, int64_t D, int64_t bs,
+                      int64_t window, float scale, float *out, float *p, int64_t *at) {
+    int64_t G = H / Hkv, L = lens[b], lo = window > 0 && L > window ? L - window : 0, row = Hkv * D;
+    int64_t n = L - lo, m = n + 8;
+    const int32_t *t = tables + b * width;
+    for (int64_t j = 0, blk = lo / bs, off = lo % bs; j < n; j++) {   /* each position's keys, all heads */
+        at[j] = ((int64_t)t[blk] * bs + off) * row;
+        if (++off == bs) { off = 0; blk++; }
+    }
+    for (int64_t j = n; j < m + 8; j++) at[j] = at[n - 1];
+    for (int64_t j = 0; j < n; j += 8) {
+        for (int r = 0; r < 8; r++)
+            for (int64_t i = 0; i < row; i += 16) {
+                _mm_prefetch((const char *)(kc + at[j + 8 + r] + i), _MM_HINT_T0);
+                _mm_prefetch((const char *)(vc + at[j + r] + i), _MM_HINT_T1);
+            }
+        for (int64_t h = 0; h < H; h++) scores8(q + b * qs + h * D, kc + (h / G) * D, at + j, D, scale, p + h * m + j);
+    }
+    for (int64_t h = 0; h < H; h++) softmax_values(p + h * m, n, vc + (h / G) * D, at, D, out + b * H * D + h * D);
+}
+/* Every row, dealt to `threads` OpenMP threads dynamically. */
 void paged_decode(const float *q, int64_t qs, const float *kc, const float *vc, const int32_t *tables, int64_t width,
                   const int32_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t window,
                   float scale, float *out, int threads) {
-    int64_t G = H / Hkv, maxlen = 1;
+    int64_t maxlen = 1;
     for (int64_t b = 0; b < B; b++) if (lens[b] > maxlen) maxlen = lens[b];
-    #pragma omp parallel num_threads(threads) if (threads > 1 && B * Hkv > 1)
+    #pragma omp parallel num_threads(threads) if (threads > 1 && B > 1)
     {
-        float *p = malloc(G * (maxlen + 8) * sizeof(float));                /* scores, then the numerators */
-        int64_t *at = malloc((maxlen + 8) * sizeof(int64_t));               /* positions' offsets in the cache */
-        #pragma omp for schedule(dynamic, 2)
-        for (int64_t bk = 0; bk < B * Hkv; bk++)
-            paged_pair(q, qs, kc, vc, tables, width, lens, bk / Hkv, bk % Hkv, H, Hkv, D, bs, window, scale, out,
-                       p, at);
+        float *p = malloc(H * (maxlen + 8) * sizeof(float));                /* scores, then the numerators */
+        int64_t *at = malloc((maxlen + 16) * sizeof(int64_t));              /* positions' offsets in the cache */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < B; b++)
+            paged_row(q, qs, kc, vc, tables, width, lens, b, H, Hkv, D, bs, window, scale, out, p, at);
         free(p); free(at);
     }
 }
