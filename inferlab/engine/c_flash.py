@@ -140,8 +140,10 @@ static void flash_item(const float *q, int64_t qs, const float *kt, const float 
     for (int64_t t = 0; t < QB; t++) pos[t] = r0 + t < r1 ? L - n + r0 + t : -1;    /* -1: a padding row */
     for (int64_t g = 0; g < G; g++)
         for (int64_t t = 0; t < QB; t++) {
-            float *d = qb + (g * QB + t) * D; const float *x = q + (r0 + t) * qs + (kh * G + g) * D;
-            for (int64_t i = 0; i < D; i++) d[i] = r0 + t < r1 ? x[i] * scale : 0.f;
+            float *d = qb + (g * QB + t) * D;
+            if (r0 + t >= r1) { memset(d, 0, D * sizeof(float)); continue; }
+            const float *x = q + (r0 + t) * qs + (kh * G + g) * D;
+            for (int64_t i = 0; i < D; i++) d[i] = x[i] * scale;
         }
     memset(o, 0, R * D * sizeof(float));
     for (int64_t i = 0; i < R; i++) { m[i] = -INFINITY; l[i] = 0.f; }
