@@ -10,7 +10,7 @@ import ctypes
 from functools import lru_cache
 import numpy as np
 import torch
-from .c_decode import C_ELEMENTWISE, CAttention, build_c_library, _p
+from .c_decode import C_ELEMENTWISE, C_EXP, CAttention, build_c_library, _p
 from .c_rows import CRowsDecoder
 
 FLASH_KB = 64                 # keys per block (the C's KB): 64 ran 1.4x faster than 32 here, 128 6% slower
@@ -26,22 +26,6 @@ C_FLASH_TILE = r'''
 #define KB FLASH_KB_   /* keys per block; blocks start at positions 0, 64, 128, ... whatever the chunk */
 #define QB 24   /* query positions per work item */
 #define RT 6    /* query rows per register tile */
-/* e^x for 8 floats, x <= 0: chapter 15d's exp8 with its multiply-adds fused (12% faster here; these bits need not
-   match the decode step's, whose softmax is computed differently anyway) */
-static inline __m256 exp8_fma(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                               1.6666665459e-1f, 5.0000001201e-1f};
-    __m256 y = _mm256_set1_ps(c[0]);
-    for (int i = 1; i < 6; i++) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(c[i]));
-    y = _mm256_fmadd_ps(_mm256_mul_ps(y, x), x, _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 static inline float hmax8(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -84,12 +68,12 @@ static void tile_block(const float *q, const int64_t *pos, const float *kt, cons
         float x = hmax8(mv); mold[r] = m[r]; mx[r] = m[r] > x ? m[r] : x;
         if (m[r] == -INFINITY) mold[r] = mx[r];          /* the row's first block: o and l are still zero */
     }
-    _mm256_storeu_ps(alpha, exp8_fma(_mm256_sub_ps(_mm256_loadu_ps(mold), _mm256_loadu_ps(mx))));   /* 6 at once */
+    _mm256_storeu_ps(alpha, exp8(_mm256_sub_ps(_mm256_loadu_ps(mold), _mm256_loadu_ps(mx))));   /* 6 at once */
     for (int r = 0; r < RT; r++) {
         if (last[r] < 0) { memset(s[r], 0, sizeof(s[r])); alpha[r] = 1.f; continue; }
         __m256 sum = _mm256_setzero_ps(), mxv = _mm256_set1_ps(mx[r]), ninf = _mm256_set1_ps(-INFINITY);
         for (int j = 0; j < KB; j += 8) {
-            __m256 x = _mm256_loadu_ps(s[r] + j), e = exp8_fma(_mm256_sub_ps(x, mxv));
+            __m256 x = _mm256_loadu_ps(s[r] + j), e = exp8(_mm256_sub_ps(x, mxv));
             if (last[r] < KB - 1) e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), e);   /* masked: 0 */
             _mm256_storeu_ps(s[r] + j, e); sum = _mm256_add_ps(sum, e);
         }
@@ -205,7 +189,8 @@ void flash_prefill(const float *q, int64_t qs, const float *kc, const float *vc,
 @lru_cache(maxsize=None)
 def flash_library() -> tuple[ctypes.CDLL | None, str]:
     "`flash_prefill` (built once per process, with chapter 15d's `build_c_library`): `(library, "")` or `(None, why)`."
-    lib, why = build_c_library("c_flash", C_ELEMENTWISE + C_FLASH_TILE + C_FLASH_BLOCK + C_FLASH_ITEM + C_FLASH_PREFILL)
+    source = C_ELEMENTWISE + C_EXP + C_FLASH_TILE + C_FLASH_BLOCK + C_FLASH_ITEM + C_FLASH_PREFILL
+    lib, why = build_c_library("c_flash", "#define EXP_FUSED\n" + source)     # exp8 with fused multiply-adds
     if lib is None: return None, why
     P, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.flash_prefill.argtypes = [P, i64, P, P, P, i64, P, P, i64, i64, i64, i64, i64, ctypes.c_float, P, P,
