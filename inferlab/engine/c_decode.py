@@ -204,9 +204,9 @@ static void paged_pair(const float *q, int64_t qs, const float *kc, const float 
 C_PAGED_ROWS = r"""
 /* One row b of a decode, every head (paged_decode's unit): a position's keys for all KV heads lie together (Hkv D
    floats), so the scores go a position at a time through every head and each block of the cache streams from
-   memory once, the next 8 positions' keys and these positions' values prefetched meanwhile (the values into L2, for
-   the weighted sums after). The same sums as paged_pair's, in the same order: the same bits. p, at: scratch for
-   H (L + 8) floats and L + 16 offsets. */
+   memory once, prefetched meanwhile: keys and values two groups of 8 positions ahead into L2 (the values for the
+   weighted sums after), the next group's keys from there into L1. The same sums as paged_pair's, in the same order:
+   the same bits. p, at: scratch for H (L + 8) floats and L + 24 offsets. */
 static void paged_row(const float *q, int64_t qs, const float *kc, const float *vc, const int32_t *tables,
                       int64_t width, const int32_t *lens, int64_t b, int64_t H, int64_t Hkv, int64_t D, int64_t bs,
                       int64_t window, float scale, float *out, float *p, int64_t *at) {
@@ -217,12 +217,13 @@ static void paged_row(const float *q, int64_t qs, const float *kc, const float *
         at[j] = ((int64_t)t[blk] * bs + off) * row;
         if (++off == bs) { off = 0; blk++; }
     }
-    for (int64_t j = n; j < m + 8; j++) at[j] = at[n - 1];
+    for (int64_t j = n; j < m + 16; j++) at[j] = at[n - 1];
     for (int64_t j = 0; j < n; j += 8) {
         for (int r = 0; r < 8; r++)
-            for (int64_t i = 0; i < row; i += 16) {
+            for (int64_t i = 0; i < row; i += 16) {                  /* a cache line at a time */
+                _mm_prefetch((const char *)(kc + at[j + 16 + r] + i), _MM_HINT_T1);
+                _mm_prefetch((const char *)(vc + at[j + 16 + r] + i), _MM_HINT_T1);
                 _mm_prefetch((const char *)(kc + at[j + 8 + r] + i), _MM_HINT_T0);
-                _mm_prefetch((const char *)(vc + at[j + r] + i), _MM_HINT_T1);
             }
         for (int64_t h = 0; h < H; h++) scores8(q + b * qs + h * D, kc + (h / G) * D, at + j, D, scale, p + h * m + j);
     }
@@ -237,7 +238,7 @@ void paged_decode(const float *q, int64_t qs, const float *kc, const float *vc, 
     #pragma omp parallel num_threads(threads) if (threads > 1 && B > 1)
     {
         float *p = malloc(H * (maxlen + 8) * sizeof(float));                /* scores, then the numerators */
-        int64_t *at = malloc((maxlen + 16) * sizeof(int64_t));              /* positions' offsets in the cache */
+        int64_t *at = malloc((maxlen + 24) * sizeof(int64_t));              /* positions' offsets in the cache */
         #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < B; b++)
             paged_row(q, qs, kc, vc, tables, width, lens, b, H, Hkv, D, bs, window, scale, out, p, at);

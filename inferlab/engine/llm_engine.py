@@ -6,6 +6,7 @@ Docs: https://inferlab.github.io/inferlab/llm_engine.html.md"""
 
 # %% ../../nbs/16_llm_engine.ipynb #a99d98c2
 from __future__ import annotations
+import gc
 import threading
 import time
 from dataclasses import dataclass
@@ -22,17 +23,15 @@ from .structured import Constraints
 from .block_manager import BlockManager
 from .kv_connector import KVConnector, combine, move_kv
 from .kv_tiers import offloading_connector
-
 from .scheduler import Scheduler, SchedulerConfig, ScheduledBatch
 from .model_runner import ModelRunner, sample_batch, pack_model
 from .prompt_logprobs import take_prompt_rows
-from .paged_attention import calibrate_kv_scales
+from .paged_attention import calibrate_kv_scales, KV_CACHE_DTYPES
 from .c_flash import CFlashDecoder
-from .paged_attention import KV_CACHE_DTYPES
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
 # %% auto #0
-__all__ = ['EngineConfig', 'Speculator', 'kv_scales_for', 'local_runner', 'LLMEngine']
+__all__ = ['EngineConfig', 'Speculator', 'kv_scales_for', 'local_runner', 'freeze_startup_heap', 'LLMEngine']
 
 # %% ../../nbs/16_llm_engine.ipynb #fba2478e
 @dataclass
@@ -52,6 +51,7 @@ class EngineConfig:
     kv_offloading_size: float = 0.0            # GiB of host memory for blocks the pool evicts (chapter 16c); 0: none
     kv_offloading_dir: str | None = None       # a directory for a disk tier of evicted blocks (it outlives the engine)
     kv_offloading_disk_size: float = 8.0       # GiB the disk tier may use
+    freeze_gc_heap: bool = True                # the startup heap out of the collector's sight (see below)
 
     def __post_init__(self):
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -66,8 +66,9 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks: must be an integer >= 1 or None, got {n!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len: must be an integer >= 2 or None, got {self.max_model_len!r}")
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager: must be True or False, got {self.enforce_eager!r}")
+        for f in ("enforce_eager", "freeze_gc_heap"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"{f}: must be True or False, got {getattr(self, f)!r}")
         SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill, self.policy)
         for f in ("kv_offloading_size", "kv_offloading_disk_size"):
             v = getattr(self, f)
@@ -90,7 +91,6 @@ class Speculator(Protocol):
     def stats(self) -> dict: ...
 
 
-
 def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
     "Per-layer, per-head KV scales from a seeded random prompt (None without a quantized KV cache)."
     if kv_cache_dtype is None: return None
@@ -105,6 +105,13 @@ def local_runner(model, num_blocks: int, config: EngineConfig, max_model_len: in
     scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
     return ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype, scales, config.enforce_eager,
                        decoder=CFlashDecoder)
+
+# %% ../../nbs/16_llm_engine.ipynb #b79969fd
+def freeze_startup_heap() -> bool:
+    "vLLM's `freeze_gc_heap`, once per process: a full collection, then `gc.freeze()`. False where a heap is frozen."
+    if gc.get_freeze_count(): return False
+    gc.collect(); gc.freeze(); return True
+
 
 # %% ../../nbs/16_llm_engine.ipynb #c5c2b1af
 class LLMEngine(Engine):
@@ -142,6 +149,8 @@ class LLMEngine(Engine):
         self.num_steps = self.num_prefill_tokens = self.num_decode_tokens = 0
         self._step_lock = threading.Lock()      # one caller of step() at a time (see step)
         self._aborted: list[Sequence] = []      # aborted since the last step: their final outputs are still owed
+        if ec.freeze_gc_heap: freeze_startup_heap()
+
 
 # %% ../../nbs/16_llm_engine.ipynb #d91bd738
 @patch

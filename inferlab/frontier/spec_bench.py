@@ -227,7 +227,7 @@ def run_spec_bench(seed: int = 1, rounds: int = 3, log=print) -> list[dict]:
     row(f"batch 32, {best}, always on (for contrast)", on["none"]["rate"], on[best]["rate"],
         f"acceptance {on[best]['stats']['acceptance_rate']:.0%}")
     first, edited = editing_prompts(16, seed=seed)
-    ed = spec_editing(model, tok, first, edited, ("ngram", "suffix"), src, rounds)
+    ed = spec_editing(model, tok, first, edited, ("ngram", "suffix"), src, rounds + 2)   # ~1 s turns: more rounds
     for m in ("ngram", "suffix"):
         row(f"editing loop, batch 1, first turn, {m}", ed["none"]["first"], ed[m]["first"],
             "16 pieces of held-out code, 64 tokens each")

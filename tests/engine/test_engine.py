@@ -1,7 +1,7 @@
 """The engine computes what the model means: greedy outputs equal the reference generate token for token, for any
 batch limit, with chunked prefill and prefix caching on or off, and under preemption; no KV block leaks; seeded
 sampling does not depend on the batch; bad requests fail alone."""
-import random
+import random, subprocess, sys
 import pytest
 import torch
 from inferlab.model.config import data_dir
@@ -159,3 +159,23 @@ def test_long_prompts_with_cached_prefix_and_chunked_prefill(model, tok):
     assert [s.output_token_ids for s in seqs] == ref
     assert all(seqs[i].num_cached_tokens >= 1024 for i in (1, 3, 5))   # the prefix came from the cache
     assert all(len(p) >= 1000 for p in prompts) and eng.block_manager.num_free_blocks == free0
+
+FREEZE = """
+import gc, torch
+from inferlab.model.model import load_model
+from inferlab.engine.llm_engine import LLMEngine, EngineConfig
+m = load_model(dtype=torch.float32)
+LLMEngine(m, None, EngineConfig(num_kv_blocks=8, freeze_gc_heap=False)); off = gc.get_freeze_count()
+first = LLMEngine(m, None, EngineConfig(num_kv_blocks=8)); on = gc.get_freeze_count()
+LLMEngine(m, None, EngineConfig(num_kv_blocks=8)); again = gc.get_freeze_count()
+print(off, on, again, len(gc.get_objects()))
+"""
+
+def test_the_first_engine_freezes_the_startup_heap_once():
+    "A fresh process: no freeze when asked not to; the first engine freezes the heap; the next leaves it as it is."
+    out = subprocess.run([sys.executable, "-c", FREEZE], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    off, on, again, walked = map(int, out.stdout.split()[-4:])
+    assert off == 0 and on > 10 * walked and again == on
+    with pytest.raises(ValueError, match="freeze_gc_heap: must be True or False, got 'yes'"):
+        EngineConfig(freeze_gc_heap="yes")
