@@ -12,13 +12,14 @@ import numpy as np
 import torch
 from .c_decode import C_ELEMENTWISE, C_EXP, CAttention, build_c_library, _p
 from .c_rows import CRowsDecoder
+from .cpu_threads import usable_cores
 
 FLASH_KB = 64                 # keys per block (the C's KB): 64 ran 1.4x faster than 32 here, 128 6% slower
 SCRATCH_FLOATS = 16 * 2**20   # 64 MB of gathered keys and values per call at most: more sequences go in groups
 
 # %% auto #0
-__all__ = ['FLASH_KB', 'SCRATCH_FLOATS', 'C_FLASH_TILE', 'C_FLASH_BLOCK', 'C_FLASH_ITEM', 'C_FLASH_PREFILL', 'flash_library',
-           'CFlashAttention', 'CFlashDecoder']
+__all__ = ['FLASH_KB', 'SCRATCH_FLOATS', 'C_FLASH_TILE', 'C_FLASH_BLOCK', 'C_FLASH_ITEM', 'C_FLASH_PREFILL', 'FLASH_SPREAD_FLOPS',
+           'flash_library', 'flash_flops', 'flash_threads', 'CFlashAttention', 'CFlashDecoder']
 
 # %% ../../nbs/15h_c_flash.ipynb #2b1088e7
 C_FLASH_TILE = r'''
@@ -198,6 +199,22 @@ def flash_library() -> tuple[ctypes.CDLL | None, str]:
     lib.flash_prefill.restype = None
     return lib, ""
 
+# %% ../../nbs/15h_c_flash.ipynb #23ced456
+FLASH_SPREAD_FLOPS = 3e9   # from here a call takes every core beside a busy neighbour: ~45 ms of one core's work
+
+def flash_flops(cu_seqlens_q, seq_lens, heads: int, head_dim: int) -> float:
+    """Floating-point operations of one causal prefill call (q k and p v, 2 each per multiply-add): the n new
+    queries of a sequence of L positions see L - n + 1, ..., L keys, n (L - (n - 1) / 2) in all."""
+    n, L = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).double(), seq_lens.double()
+    return float((n * (L - (n - 1) / 2)).sum()) * 4 * heads * head_dim
+
+def flash_threads(flops: float, budget: int, cores: int) -> int:
+    """Threads for one `flash_prefill` call: the step's `budget` (chapter 15a), or all `cores` this process may use
+    when the call has `FLASH_SPREAD_FLOPS` or more: its items are dealt as threads free up, so a thread that shares
+    its core with a neighbour slows only the items it holds, where an evenly split operator waits for it."""
+    return cores if flops >= FLASH_SPREAD_FLOPS and cores > budget else budget
+
+
 # %% ../../nbs/15h_c_flash.ipynb #7983fab4
 class CFlashAttention(CAttention):
     "Chapter 15d's backend with the prefill of a float32 CPU cache in C too (`flash_prefill`); else chapter 13's."
@@ -205,6 +222,7 @@ class CFlashAttention(CAttention):
     def __init__(self, lib, max_floats: int = SCRATCH_FLOATS):
         super().__init__(lib)
         self.flash, self.max_floats, self.scratch = flash_library()[0], max_floats, np.empty(0, np.float32)
+        self.cores = usable_cores()                      # what a big call may take beside a neighbour (below)
 
     def flash_off(self, q, k_cache, window=None, k_scale=None) -> str | None:
         "Why this prefill takes the torch path (None: it runs in C)."
@@ -222,8 +240,9 @@ class CFlashAttention(CAttention):
         if self.flash_off(q, k_cache, window, k_scale) or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
             return super().prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, window,
                                    k_scale, v_scale, k_new, v_new, plan)
-        return self.flash_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-                                  torch.get_num_threads())
+        work = flash_flops(cu_seqlens_q, seq_lens, q.shape[1], q.shape[2])
+        threads = flash_threads(work, torch.get_num_threads(), self.cores)   # the step's budget, or every core
+        return self.flash_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, threads)
 
 # %% ../../nbs/15h_c_flash.ipynb #83c5cc6f
 from fastcore.basics import patch

@@ -15,7 +15,8 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['BLAS_SPIN_EXPONENT', 'running_elsewhere', 'cgroup_cpu_limit', 'quiet_blas_workers', 'CpuThreads']
+__all__ = ['BLAS_SPIN_EXPONENT', 'running_elsewhere', 'cgroup_cpu_limit', 'affinity_cpus', 'usable_cores', 'quiet_blas_workers',
+           'CpuThreads']
 
 # %% ../../nbs/15a_cpu_threads.ipynb #e8db95ea
 def _busy_seconds(cpus: set[int]) -> float | None:
@@ -52,6 +53,16 @@ def cgroup_cpu_limit() -> int | None:
         return max(1, math.ceil(int(quota) / int(period)))
     return None
 
+def affinity_cpus() -> set[int]:
+    "The CPUs this process may run on (every CPU where the OS cannot say)."
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+def usable_cores(max_threads: int | None = None, cpus: set[int] | None = None) -> int:
+    """The threads this process may run at once: its CPUs (`cpus`, default `affinity_cpus()`), a container's CPU
+    quota, and `max_threads` (default: torch's thread count, the user's own cap)."""
+    cpus = affinity_cpus() if cpus is None else cpus
+    return max(1, min(max_threads or torch.get_num_threads(), len(cpus), cgroup_cpu_limit() or len(cpus)))
+
 # %% ../../nbs/15a_cpu_threads.ipynb #cc00a976
 BLAS_SPIN_EXPONENT = 22         # idle OpenBLAS workers sleep after 2**22 cycles (~1.5 ms); OpenBLAS's default is 2**28
 _USER_TIMEOUT = os.environ.get("OPENBLAS_THREAD_TIMEOUT")    # a setting of the user's own is kept
@@ -84,9 +95,8 @@ class CpuThreads:
     keep busy, re-measured every `interval` seconds; `max_threads` caps it (default: torch's thread count)."""
     def __init__(self, max_threads: int | None = None, interval: float = 0.5):
         from threadpoolctl import ThreadpoolController
-        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-        cores = min(len(self.cpus), cgroup_cpu_limit() or len(self.cpus))   # a container's quota counts too
-        self.max_threads = max(1, min(max_threads or torch.get_num_threads(), cores))
+        self.cpus = affinity_cpus()
+        self.max_threads = usable_cores(max_threads, self.cpus)       # a container's quota counts too
         self.interval = interval
         # until the first interval has been measured, the processes running right now: an engine made beside a busy
         # neighbour must not spend its first half second with a thread that waits for a shared core at every barrier

@@ -10,7 +10,8 @@ from inferlab.engine import llm_engine
 from inferlab.engine.llm_engine import LLMEngine, EngineConfig
 from inferlab.engine.paged_attention import paged_prefill_reference, gather_kv
 from inferlab.engine.c_rows import CRowsDecoder
-from inferlab.engine.c_flash import CFlashAttention, CFlashDecoder, flash_library
+from inferlab.engine.c_flash import (CFlashAttention, CFlashDecoder, flash_library, flash_flops, flash_threads,
+                                     FLASH_SPREAD_FLOPS)
 
 needs_lib = pytest.mark.skipif(flash_library()[0] is None, reason=f"no C library: {flash_library()[1]}")
 
@@ -114,3 +115,29 @@ def test_engine_greedy_tokens_match_chapter_13s_prefill(threads):
     st = eng.stats()
     assert st["preemptions"] > 0 and st["prefix_hit_tokens"] > 0        # the KV budget preempts; the prefix is reused
     assert flash == _greedy(prompts, CRowsDecoder, threads, **config)[0]
+
+
+def test_flash_flops_counts_each_querys_keys():
+    cu, lens = torch.tensor([0, 3, 4, 10], dtype=torch.int32), torch.tensor([3, 9, 6], dtype=torch.int32)
+    keys = sum(p + 1 for L, n in ((3, 3), (9, 1), (6, 6)) for p in range(L - n, L))       # causal: position p sees p + 1
+    assert flash_flops(cu, lens, 12, 64) == keys * 4 * 12 * 64
+
+@pytest.mark.parametrize("flops,budget,cores,want", [(FLASH_SPREAD_FLOPS, 1, 2, 2), (FLASH_SPREAD_FLOPS - 1, 1, 2, 1),
+                                                    (1e12, 2, 2, 2), (1e12, 1, 1, 1), (1e12, 3, 2, 3), (0, 2, 4, 2)])
+def test_flash_threads_spreads_only_big_calls_past_the_budget(flops, budget, cores, want):
+    assert flash_threads(flops, budget, cores) == want
+
+@needs_lib
+def test_backend_gives_a_big_call_every_core_and_a_small_one_the_budget(monkeypatch):
+    be, seen = CFlashAttention(None), []
+    be.cores = 2
+    monkeypatch.setattr(CFlashAttention, "flash_prefill", lambda self, *a: seen.append(a[-1]) or torch.zeros(1))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)                                         # a step's budget beside a busy neighbour
+    try:
+        for news, L in ((8, 64), (2048, 4096)):                      # 4 MFLOP; 2,048 queries after 2,048: 6.4 GFLOP
+            q, kc = torch.zeros(news, 8, 32), torch.zeros(L // 16, 16, 4, 32)
+            cu, lens = torch.tensor([0, news], dtype=torch.int32), torch.tensor([L], dtype=torch.int32)
+            be.prefill(q, kc, kc, torch.arange(L // 16, dtype=torch.int32)[None], cu, lens, 0.2)
+    finally: torch.set_num_threads(saved)
+    assert seen == [1, 2]
