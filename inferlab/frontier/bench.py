@@ -6,13 +6,14 @@ Docs: https://inferlab.github.io/inferlab/bench.html.md"""
 
 # %% ../../nbs/70_bench.ipynb #7bf18a25
 from __future__ import annotations
-import argparse, math, os, random, statistics, time
+import argparse, math, random, statistics, time
 import torch
 from ..model.config import ModelConfig, shipped_model_path
 from ..model.model import CausalLM, load_model, ours_to_hf, config_to_hf
 from ..model.sampling import SamplingParams
 from ..engine.kv_memory import kv_bytes_per_token
 from ..engine.llm_engine import LLMEngine, EngineConfig
+from ..engine.cpu_threads import affinity_cpus
 from ..model.random_weights import random_model, llama_100m_config
 
 # %% auto #0
@@ -313,7 +314,7 @@ def run_bench(scale: float = 1.0, decode_tokens: int = 128, seed: int = 0, busy:
     probe = torch.ones(512 * 2**20 // 4)                 # one buffer for every bandwidth measurement
     bw = memory_bandwidth(buffer=probe)
     log(f"memory read bandwidth: {bw:.1f} GB/s; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{len(os.sched_getaffinity(0))} cores")
+        f"{len(affinity_cpus())} cores")
     log(f"  {'metric':<50s} {'HF':>9s} {'inferlab':>9s} {'ratio':>8s}")
     tiny = load_model(shipped_model_path("tiny-dense"), dtype=torch.float32)
     long = with_context(tiny, 4096)
@@ -334,7 +335,7 @@ def run_bench(scale: float = 1.0, decode_tokens: int = 128, seed: int = 0, busy:
         "tiny-dense (inferlab both)")
     if busy:
         quiet = list(rows)
-        cores = len(os.sched_getaffinity(0))
+        cores = len(affinity_cpus())
         log(f"\nthe same throughput rows with {busy} busy-looping process(es) on the {cores} cores:")
         with BusyLoad(busy):
             throughput_rows(s, row, best, rounds=3)

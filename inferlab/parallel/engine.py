@@ -17,6 +17,7 @@ from ..model.tokenizer import load_tokenizer
 from ..engine.llm_engine import LLMEngine, EngineConfig
 from ..engine.block_manager import chain_hashes
 from ..engine.sequence import prompt_ids
+from ..engine.cpu_threads import affinity_cpus
 from ..engine.interface import Engine, RequestOutput, EngineDeadError
 from ..quant.presets import check_quantization, input_block
 from ..spec_decode.spec_decoder import SpeculativeConfig, add_speculation
@@ -352,8 +353,7 @@ def launch(model=None, parallel: ParallelConfig | None = None, *, dtype=None, de
     path, world = resolve_model_path(model), parallel.world_size
     align = check_parallel(parallel, load_config(path), path, quantization, spec, config)
     if quantization is not None: config = dataclasses.replace(config, pack_weights=False)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = threads or max(1, cores // world)
+    threads = threads or max(1, len(affinity_cpus()) // world)          # the CPUs shared out among the ranks
     workers, watch, spmd = [], None, _under_torchrun()
     if spmd: rank = _join_torchrun(parallel, world, threads, device)
     else:
