@@ -249,13 +249,11 @@ void paged_decode(const float *q, int64_t qs, const float *kc, const float *vc, 
 
 # %% ../../nbs/15d_c_decode.ipynb #87af150b
 C_ATTENTION = r"""
-/* The decode step's attention from the q/k/v projection's output `qkv [B, (H + 2 Hkv) D]`: per row, q/k norms and
-   RoPE in place and the row's k, v written at its slot (every row before any attention: the rows of one sequence in
-   a speculative verification read each other's keys); then `paged_decode` on the q heads, on one thread. */
-void decode_attention(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
-                      float eps, float *kc, float *vc, const int64_t *slots, const int32_t *tables, int64_t width,
-                      const int32_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t window,
-                      float scale, float *out) {
+/* Per row of the q/k/v projection's output `qkv [B, (H + 2 Hkv) D]`: q/k norms and RoPE in place, and the row's k, v
+   written at its slot (every row before any attention: the rows of one sequence in a speculative verification, or
+   of a prefill chunk, read each other's keys). */
+void rope_store(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm, float eps,
+                float *kc, float *vc, const int64_t *slots, int64_t B, int64_t H, int64_t Hkv, int64_t D) {
     int64_t row = (H + 2 * Hkv) * D;
     for (int64_t b = 0; b < B; b++) {
         float *q = qkv + b * row, *k = q + H * D, *v = k + Hkv * D;
@@ -267,7 +265,14 @@ void decode_attention(float *qkv, const float *cos, const float *sin, const floa
         }
         for (int64_t i = 0; i < Hkv * D; i++) { kc[slots[b] * Hkv * D + i] = k[i]; vc[slots[b] * Hkv * D + i] = v[i]; }
     }
-    paged_decode(qkv, row, kc, vc, tables, width, lens, B, H, Hkv, D, bs, window, scale, out, 1);
+}
+/* The decode step's attention: `rope_store`, then `paged_decode` on the q heads, on one thread. */
+void decode_attention(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
+                      float eps, float *kc, float *vc, const int64_t *slots, const int32_t *tables, int64_t width,
+                      const int32_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t window,
+                      float scale, float *out) {
+    rope_store(qkv, cos, sin, q_norm, k_norm, eps, kc, vc, slots, B, H, Hkv, D);
+    paged_decode(qkv, (H + 2 * Hkv) * D, kc, vc, tables, width, lens, B, H, Hkv, D, bs, window, scale, out, 1);
 }
 """
 
@@ -284,7 +289,8 @@ def decode_library() -> tuple[ctypes.CDLL | None, str]:
     lib.silu_mul.argtypes = [P, P, i64, i64]
     lib.decode_attention.argtypes = [P, P, P, P, P, f32, P, P, P, P, i64, P, i64, i64, i64, i64, i64, i64, f32, P]
     lib.paged_decode.argtypes = [P, i64, P, P, P, i64, P, i64, i64, i64, i64, i64, i64, f32, P, ctypes.c_int]
-    for f in (lib.add_rms_norm, lib.silu_mul, lib.decode_attention, lib.paged_decode): f.restype = None
+    lib.rope_store.argtypes = [P, P, P, P, P, f32, P, P, P, i64, i64, i64, i64]
+    for f in (lib.add_rms_norm, lib.silu_mul, lib.decode_attention, lib.paged_decode, lib.rope_store): f.restype = None
     return lib, ""
 
 class CDecoder(NumpyDecoder):
@@ -302,10 +308,12 @@ class CDecoder(NumpyDecoder):
         self.norm_ptrs = [tuple(_p(w[n]) for n in ("ln1", "ln2", "q_norm", "k_norm")) for w in self.layers]
         self.final_ptr = _p(self.final_norm)
 
-    def takes(self, rows: int, threads: int, aux_layers=()) -> bool:
+    def takes(self, rows: int, threads: int, aux_layers=(), prefill: bool = False) -> bool:
         """A few rows, as chapter 15's step; and on one thread a float32 step of any size, where this step's few C
         calls between OpenBLAS's matmuls beat torch's eager ops with no second thread to share them ('One thread').
-        Not a larger step asking for per-layer features (EAGLE-3): this step hands those to chapter 15's NumPy one."""
+        Not a larger step asking for per-layer features (EAGLE-3): this step hands those to chapter 15's NumPy one.
+        Not a step that prefills (chapter 15i's decoder takes those)."""
+        if prefill: return False
         return rows <= SMALL_STEP_TOKENS or (threads == 1 and not aux_layers and self.all_float32 and not self.c_off)
 
 # %% ../../nbs/15d_c_decode.ipynb #c6a4f86a

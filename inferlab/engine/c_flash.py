@@ -252,8 +252,17 @@ def flash_prefill(self: CFlashAttention, q, k_cache, v_cache, block_tables, cu_s
                   threads: int = 1) -> torch.Tensor:
     "Causal attention of packed queries `[T, q_heads, head_dim]` over a float32 paged cache, in C."
     T, H, D = q.shape
-    _, bs, Hkv, _ = k_cache.shape
-    qn, out = q.detach().contiguous().numpy(), np.empty((T, H, D), np.float32)
+    out = np.empty((T, H, D), np.float32)
+    self.flash_rows(q.detach().contiguous().numpy(), H * D, H, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
+                    scale, out, threads)
+    return torch.from_numpy(out)
+
+@patch
+def flash_rows(self: CFlashAttention, qn: np.ndarray, qs: int, H: int, k_cache, v_cache, block_tables, cu_seqlens_q,
+               seq_lens, scale: float, out: np.ndarray, threads: int = 1):
+    """`flash_prefill` on NumPy rows: the queries are the first `H * head_dim` floats of each row of `qn` (rows `qs`
+    floats apart: a q/k/v projection's output as it lies, chapter 15i), the answer goes into `out [T, H * head_dim]`."""
+    _, bs, Hkv, D = k_cache.shape
     tables = np.ascontiguousarray(block_tables.numpy(), np.int32)
     cu, lens = cu_seqlens_q.numpy().astype(np.int64), np.ascontiguousarray(seq_lens.numpy(), np.int32)
     need = -(-lens.astype(np.int64) // FLASH_KB) * FLASH_KB * Hkv * D * 2        # floats of each one's keys, values
@@ -264,11 +273,10 @@ def flash_prefill(self: CFlashAttention, q, k_cache, v_cache, block_tables, cu_s
         if self.scratch.size < need[b0:b1].sum(): self.scratch = np.empty(int(need[b0:b1].sum()), np.float32)
         c0, c1 = cu[b0], cu[b1]
         part_cu = np.ascontiguousarray(cu[b0:b1 + 1] - c0, np.int32)
-        self.flash.flash_prefill(_p(qn[c0:c1]), H * D, k_cache.data_ptr(), v_cache.data_ptr(), _p(tables[b0:b1]),
+        self.flash.flash_prefill(_p(qn[c0:c1]), qs, k_cache.data_ptr(), v_cache.data_ptr(), _p(tables[b0:b1]),
                                  tables.shape[1], _p(part_cu), _p(lens[b0:b1]), b1 - b0, H, Hkv, D, bs, scale,
                                  _p(out[c0:c1]), _p(self.scratch), threads)
         b0 = b1
-    return torch.from_numpy(out)
 
 # %% ../../nbs/15h_c_flash.ipynb #b04a3ade
 class CFlashDecoder(CRowsDecoder):

@@ -27,7 +27,7 @@ from .scheduler import Scheduler, SchedulerConfig, ScheduledBatch
 from .model_runner import ModelRunner, sample_batch, pack_model
 from .prompt_logprobs import take_prompt_rows
 from .paged_attention import calibrate_kv_scales, KV_CACHE_DTYPES
-from .c_flash import CFlashDecoder
+from .c_prefill import CPrefillDecoder
 from .interface import Engine, RequestOutput, RequestMetrics, EngineDeadError
 
 # %% auto #0
@@ -101,10 +101,10 @@ def kv_scales_for(model, kv_cache_dtype: str | None, max_model_len: int):
 def local_runner(model, num_blocks: int, config: EngineConfig, max_model_len: int) -> ModelRunner:
     """The default part that runs the model: this process's `ModelRunner` (chapter 15), its KV scales calibrated, its
     CPU decode steps in C where chapter 15d's functions build (one call a step: 15f; larger steps on one
-    thread with 15g's matmuls; else in NumPy); prefill attention in C (15h)."""
+    thread with 15g's matmuls; else in NumPy); prefill attention in C (15h); on one thread, prefill steps in C (15i)."""
     scales = kv_scales_for(model, config.kv_cache_dtype, max_model_len)
     return ModelRunner(model, num_blocks, config.block_size, config.kv_cache_dtype, scales, config.enforce_eager,
-                       decoder=CFlashDecoder)
+                       decoder=CPrefillDecoder)
 
 # %% ../../nbs/16_llm_engine.ipynb #b79969fd
 def freeze_startup_heap() -> bool:

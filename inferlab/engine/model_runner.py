@@ -290,9 +290,10 @@ def __call__(self: NumpyDecoder, token_ids: torch.Tensor, positions: torch.Tenso
     return (h, torch.from_numpy(np.concatenate(aux, -1))) if aux_layers else h
 
 @patch
-def takes(self: NumpyDecoder, rows: int, threads: int, aux_layers=()) -> bool:
-    "Whether a decode-only step (`rows` rows, `threads` threads, features of `aux_layers`) runs here: a few rows."
-    return rows <= SMALL_STEP_TOKENS
+def takes(self: NumpyDecoder, rows: int, threads: int, aux_layers=(), prefill: bool = False) -> bool:
+    """Whether a step (`rows` rows, `threads` threads, features of `aux_layers`, prefill rows or none) runs here: a
+    decode-only step of a few rows (chapter 15i's decoder also takes steps that prefill)."""
+    return rows <= SMALL_STEP_TOKENS and not prefill
 
 # %% ../../nbs/15_model_runner.ipynb #f1139054
 class ModelRunner:
@@ -349,8 +350,7 @@ def forward(self: ModelRunner, ids, pos, meta, logits_idx, sample: bool = True, 
     head = self.model.lm_head                                                # the NumPy path: its decoder's
     if not aux_layers and self.cuda_graphs is not None and (h := self.cuda_graphs.run(ids, pos, meta)) is not None:
         pass                                                                  # replayed (None: not a graph step)
-    elif ((d := self.numpy_decoder) and not meta.num_prefill_tokens
-          and d.takes(len(ids), self.threads.budget, aux_layers)):
+    elif (d := self.numpy_decoder) and d.takes(len(ids), self.threads.budget, aux_layers, meta.num_prefill_tokens > 0):
         h, head = d(ids, pos, meta, aux_layers), d.head                       # [T, hidden] (, aux)
     else: h = self.hidden_states(ids, pos, meta, aux_layers)
     h, *aux = h if aux_layers else (h,)

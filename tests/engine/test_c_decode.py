@@ -31,11 +31,12 @@ def _both(eng):
     h_np = NumpyDecoder.__call__(dec, ids, pos, meta)
     return h_c, h_np, max((a - b).abs().max().item() for a, b in zip(kv_c, cache.k + cache.v))
 
-def _qwen_like(head_dim=16, seed=3):
-    cfg = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96,
-                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-                      attention_bias=True, qk_norm=True, layer_windows=[None, 6, 9], max_position_embeddings=256)
-    model = random_model(cfg, seed=seed)
+def _qwen_like(head_dim=16, seed=3, **overrides):
+    "GQA, q/k norms, biases and sliding windows, its biases and norms far from their defaults (`overrides`: config)."
+    cfg = dict(architecture="Qwen3ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96,
+               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+               attention_bias=True, qk_norm=True, layer_windows=[None, 6, 9], max_position_embeddings=256)
+    model = random_model(ModelConfig(**{**cfg, **overrides}), seed=seed)
     for m in model.modules():
         if getattr(m, "bias", None) is not None: m.bias.data.normal_(0, 0.5)
     for name, p in model.named_parameters():
@@ -122,7 +123,7 @@ def test_batched_steps_read_decode_rows_in_c_with_the_same_tokens():
     for backend in ("c", "torch"):
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16, max_num_batched_tokens=64))
         assert isinstance(eng.runner.attention, CAttention)
-        eng.runner.numpy_decoder.takes = lambda rows, threads, aux_layers=(): rows <= 8   # larger: torch, any threads
+        eng.runner.numpy_decoder.takes = lambda rows, threads, aux_layers=(), prefill=False: rows <= 8 and not prefill
         if backend == "torch": eng.runner.attention = TorchAttention()
         ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in prompts]
         done = {}
@@ -147,7 +148,8 @@ def test_one_thread_sends_larger_float32_steps_here(monkeypatch):
     for here in (True, False):
         eng = LLMEngine(model, None, EngineConfig(max_num_seqs=16))
         eng.runner.threads = CpuThreads(max_threads=1)                      # as beside a busy neighbour
-        if not here: eng.runner.numpy_decoder.takes = lambda rows, threads, aux_layers=(): rows <= 8
+        if not here:                                                        # decode-only steps above 8 rows: torch
+            eng.runner.numpy_decoder.takes = lambda rows, threads, aux=(), prefill=False: rows <= 8 and not prefill
         rows.clear()
         ids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)) for p in prompts]
         done = {}

@@ -89,8 +89,8 @@ def test_what_the_c_does_not_take_is_chapter_13s_path():
     assert be.flash_off(q, kc) is None
 
 def _greedy(prompts, decoder, threads=1, **config):
-    saved, saved_threads = llm_engine.CFlashDecoder, torch.get_num_threads()
-    llm_engine.CFlashDecoder, _ = decoder, torch.set_num_threads(threads)
+    saved, saved_threads = llm_engine.CPrefillDecoder, torch.get_num_threads()
+    llm_engine.CPrefillDecoder, _ = decoder, torch.set_num_threads(threads)
     try:
         eng = LLMEngine(load_model(dtype=torch.float32), None, EngineConfig(**config))
         assert type(eng.runner.numpy_decoder) is decoder
@@ -99,17 +99,21 @@ def _greedy(prompts, decoder, threads=1, **config):
         while eng.has_unfinished(): out |= {o.request_id: o.token_ids for o in eng.step() if o.finished}
         eng.check_idle()
         return [out[i] for i in ids], eng
-    finally: llm_engine.CFlashDecoder, _ = saved, torch.set_num_threads(saved_threads)
+    finally: llm_engine.CPrefillDecoder, _ = saved, torch.set_num_threads(saved_threads)
 
-@needs_lib
-@pytest.mark.parametrize("threads", [1, 2])
-def test_engine_greedy_tokens_match_chapter_13s_prefill(threads):
+def _prefix_prompts():
+    "Real-text prompts, three sharing a 200-token prefix, and a config whose KV budget preempts: (prompts, config)."
     from inferlab.frontier.bench import corpus_token_ids
     ids = corpus_token_ids(30_000)
     shared = ids[:200]                                    # a cached prefix for the later requests
     prompts = [ids[1000 + 600 * i:1000 + 600 * i + 40 + 90 * i] for i in range(5)] + [shared + ids[5000 + 50 * i:
                5000 + 50 * i + 30] for i in range(3)]
-    config = dict(max_num_seqs=4, max_num_batched_tokens=96, enable_prefix_caching=True, num_kv_blocks=28)
+    return prompts, dict(max_num_seqs=4, max_num_batched_tokens=96, enable_prefix_caching=True, num_kv_blocks=28)
+
+@needs_lib
+@pytest.mark.parametrize("threads", [1, 2])
+def test_engine_greedy_tokens_match_chapter_13s_prefill(threads):
+    prompts, config = _prefix_prompts()
     flash, eng = _greedy(prompts, CFlashDecoder, threads, **config)
     assert eng.runner.attention.name == "torch+c+flash"
     st = eng.stats()

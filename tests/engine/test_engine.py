@@ -89,7 +89,7 @@ def test_long_chunks_after_a_prefix(model, tok, monkeypatch):
     out, st = run()
     assert out == ref and st["prefix_hit_tokens"] >= 512           # the last two share the stem's cached blocks
     assert not calls or flash_library()[0] is None                   # the C took every chunk
-    monkeypatch.setattr(llm_engine, "CFlashDecoder", CRowsDecoder)   # the runner's decoder: chapter 13's prefill
+    monkeypatch.setattr(llm_engine, "CPrefillDecoder", CRowsDecoder)   # the runner's decoder: chapter 13's prefill
     out, st = run()
     assert out == ref and st["prefix_hit_tokens"] >= 512
     assert len(calls) >= 6 * 4 and min(calls) >= 256                 # per layer: every chunk after a first one
