@@ -88,6 +88,11 @@ class CPrefillDecoder(CFlashDecoder):
                             or (windows[0] if windows else None)) or None
         self.buf_rows, self.prefill_buf = 0, []         # the step buffers (`buffers`); 15f has its own `buf`
 
+    @property
+    def batch_attention(self) -> CFlashAttention | None:
+        "15h's backend for the runner's other steps: this decoder's own instance, so one scratch serves both paths."
+        return None if self.c_off else self.flash_attn
+
     def takes(self, rows: int, threads: int, aux_layers=(), prefill: bool = False) -> bool:
         "15h's decode steps; and a step that prefills, on one thread, asking for no per-layer features (EAGLE-3)."
         if not prefill: return super().takes(rows, threads, aux_layers)
@@ -138,7 +143,7 @@ def prefill_step(self: CPrefillDecoder, token_ids: torch.Tensor, positions: torc
     attend, n, xp, hp = self.prefill_attention(meta), x.shape[1], _p(x), _p(h)
     plib.fused_add_rms_norm(xp, None, self.norm_ptrs[0][0], hp, T, n, eps)
     for i, w in enumerate(self.layers):
-        ln1, ln2, qn, kn = self.norm_ptrs[i]
+        _, ln2, qn, kn = self.norm_ptrs[i]                                      # ln1: the last norm did it
         y = w["qkv"](h)                                                           # [T, (H + 2 Hkv) D]
         if w["qkv_b"] is not None: y += w["qkv_b"]
         lib.rope_store(_p(y), _p(cos), _p(sin), qn, kn, eps, *self.cache_ptrs[i], _p(slots), T, self.H, self.Hkv, D)

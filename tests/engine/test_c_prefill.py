@@ -104,7 +104,9 @@ def test_what_keeps_the_torch_path():
 
 @needs_lib
 def test_buffers_grow_to_the_largest_step_and_are_reused():
-    dec = LLMEngine(load_model(dtype=torch.float32), None, EngineConfig()).runner.numpy_decoder
+    run = LLMEngine(load_model(dtype=torch.float32), None, EngineConfig()).runner
+    dec = run.numpy_decoder
+    assert run.attention is dec.flash_attn                     # one flash backend (one scratch) for both paths
     a = dec.buffers(40)
     assert [b.shape for b in a] == [(40, 256), (40, 256), (40, 256), (40, 704)]
     b = dec.buffers(12)
